@@ -1,0 +1,38 @@
+// bagpipe convert: any data source -> Bagpipe's binary columnar format.
+#include "absl/strings/str_format.h"
+#include "apps/command.h"
+#include "core/status.h"
+#include "data/binary_format.h"
+
+namespace bagpipe {
+
+Subcommand AddConvertCommand(CLI::App& root) {
+  struct Flags {
+    DataFlags data;
+    std::string out;
+  };
+  auto flags = std::make_shared<Flags>();
+  CLI::App* app = root.add_subcommand(
+      "convert", "Convert a data source to the binary columnar format (mmap-able, checksummed)");
+  AddDataFlags(app, &flags->data);
+  app->add_option("--out,-o", flags->out, "output file (written atomically)")->required();
+  app->footer(kDataHelp);
+  return {app, [flags]() -> absl::Status {
+            ASSIGN_OR_RETURN(auto source, OpenFromFlags(flags->data));
+            ASSIGN_OR_RETURN(const ConvertStats stats, WriteBinary(*source, flags->out));
+            const SourceStats read = source->stats();
+            std::printf("%s", absl::StrFormat("wrote %s: %d samples, %.1f MB in %.2f s (%.1f MB/s "
+                                              "of input)\n",
+                                              flags->out, stats.samples, stats.bytes_written / 1e6,
+                                              stats.seconds,
+                                              stats.seconds > 0 ? read.bytes / 1e6 / stats.seconds
+                                                                : 0.0)
+                                  .c_str());
+            if (read.skipped_lines > 0) {
+              std::printf("skipped %lld bad lines\n", static_cast<long long>(read.skipped_lines));
+            }
+            return absl::OkStatus();
+          }};
+}
+
+}  // namespace bagpipe

@@ -1,0 +1,39 @@
+// bagpipe data-stats: what a user needs to size a cache.
+#include <cstdio>
+
+#include "apps/command.h"
+#include "core/status.h"
+#include "data/data_stats.h"
+
+namespace bagpipe {
+
+Subcommand AddDataStatsCommand(CLI::App& root) {
+  struct Flags {
+    DataFlags data;
+    int64_t batch_size = 1024;
+    bool json = false;
+  };
+  auto flags = std::make_shared<Flags>();
+  CLI::App* app = root.add_subcommand(
+      "data-stats",
+      "Per table: distinct rows, access skew (share of the top 1%/10% of rows), and the distinct "
+      "rows one batch needs (the working set a cache must hold)");
+  AddDataFlags(app, &flags->data);
+  app->add_option("--batch-size,-b", flags->batch_size, "global batch size for the working set")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app->add_flag("--json", flags->json, "print one JSON object instead of the table");
+  app->footer(kDataHelp);
+  return {app, [flags]() -> absl::Status {
+            ASSIGN_OR_RETURN(auto source, OpenFromFlags(flags->data));
+            ASSIGN_OR_RETURN(const DataStats stats, ComputeDataStats(*source, flags->batch_size));
+            if (flags->json) {
+              std::printf("%s\n", stats.ToJson().dump(2).c_str());
+            } else {
+              std::printf("%s", stats.Table().c_str());
+            }
+            return absl::OkStatus();
+          }};
+}
+
+}  // namespace bagpipe

@@ -1,0 +1,58 @@
+// bagpipe: one binary for every role and tool. See README.md ("The bagpipe command").
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "apps/command.h"
+#include "core/device.h"
+#include "core/logging.h"
+
+namespace {
+
+constexpr char kVersion[] = "0.1.0";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App root(
+      "Bagpipe C++: lookahead embedding cache and prefetch runtime for DLRM training "
+      "with embedding tables on embedding servers.",
+      "bagpipe");
+  root.require_subcommand(1);
+  root.set_version_flag("--version", [] {
+    return std::string("bagpipe ") + kVersion + " (CUDA backend " +
+           (bagpipe::CudaCompiledIn() ? "compiled in" : "not compiled in") + ")";
+  });
+  std::string log_level = "info";
+  root.add_option("--log-level", log_level, "debug, info, warning or error")
+      ->capture_default_str();
+
+  std::vector<bagpipe::Subcommand> commands = {
+      bagpipe::AddDataStatsCommand(root), bagpipe::AddConvertCommand(root),
+      bagpipe::AddTunablesCommand(root),
+  };
+  try {
+    root.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return root.exit(e);
+  }
+  bagpipe::LogLevel level;
+  if (!bagpipe::ParseLogLevel(log_level, &level)) {
+    std::fprintf(stderr, "bagpipe: error: --log-level '%s' is not debug, info, warning or error\n",
+                 log_level.c_str());
+    return 2;
+  }
+  bagpipe::SetLogLevel(level);
+  for (const bagpipe::Subcommand& command : commands) {
+    if (!command.app->parsed()) continue;
+    const absl::Status status = command.run();
+    if (!status.ok()) {
+      std::fprintf(stderr, "bagpipe %s: error: %s\n", command.app->get_name().c_str(),
+                   std::string(status.message()).c_str());
+      return 1;
+    }
+    return 0;
+  }
+  return 2;
+}

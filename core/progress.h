@@ -1,0 +1,42 @@
+// Progress reporting for long work. On a terminal (stderr is a TTY) it redraws one bar line
+// ("train [#####.....] 512/1000 51% 3.2 it/s eta 2m31s | loss 0.45"); otherwise it prints a
+// plain line every BAGPIPE_PROGRESS_INTERVAL_MS and at the end, so logs stay readable.
+// Not thread-safe: update from one thread.
+#ifndef BAGPIPE_CORE_PROGRESS_H_
+#define BAGPIPE_CORE_PROGRESS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "core/timer.h"
+
+namespace bagpipe {
+
+class Progress {
+ public:
+  // `total` <= 0 means unknown (no bar, no ETA). `enabled` false silences it (e.g. --quiet).
+  Progress(std::string label, int64_t total, bool enabled = true);
+  ~Progress();
+
+  // Sets the completed count and an optional status text shown after the bar.
+  void Update(int64_t done, const std::string& status = "");
+  // Draws the final state and ends the line.
+  void Finish(const std::string& status = "");
+
+ private:
+  void Draw(bool final_line);
+
+  std::string label_;
+  int64_t total_;
+  bool enabled_;
+  bool tty_;
+  bool finished_ = false;
+  int64_t done_ = 0;
+  std::string status_;
+  Stopwatch watch_;
+  double last_draw_ = -1e9;
+};
+
+}  // namespace bagpipe
+
+#endif  // BAGPIPE_CORE_PROGRESS_H_

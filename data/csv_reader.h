@@ -1,0 +1,29 @@
+// CSV reader with a column spec.
+//
+// The file has a header line naming its columns (RFC 4180 quoting: "a,b" and "" inside quotes).
+// The spec (SourceOptions::schema) says how columns become a sample, clauses separated by ';':
+//   label=COL            the label is COL's numeric value
+//   label=COL>X          1 when COL > X else 0 (also >=, <, <=, ==)
+//   dense=C1,C2,...      dense features; each C or log(C) for log(1 + max(x, 0)); missing = 0
+//   sparse=C1,C2,...     one table per column, values dictionary-encoded exactly (first
+//                        appearance = next row, from 1; row 0 = missing); split(C,|) makes a
+//                        multi-hot bag of the values separated by '|'
+// Example (MovieLens): "label=rating>3.5; dense=year; sparse=userId,movieId,genres".
+// Errors name the file, line and column, or the spec clause (unknown column, bad operator).
+#ifndef BAGPIPE_DATA_CSV_READER_H_
+#define BAGPIPE_DATA_CSV_READER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "data/source.h"
+
+namespace bagpipe {
+
+absl::StatusOr<std::unique_ptr<SampleSource>> OpenCsv(const std::string& path,
+                                                      const SourceOptions& options);
+
+}  // namespace bagpipe
+
+#endif  // BAGPIPE_DATA_CSV_READER_H_

@@ -1,0 +1,41 @@
+// The shape of a dataset: dense feature columns, embedding tables and their sizes.
+//
+// Every sample has one label, `num_dense()` dense floats and, per table, a bag of zero or more
+// row ids in [0, table_rows[t]). Global rows are linearised across tables:
+// RowId = TableOffsets()[t] + row (FBGEMM's cumulative table-size offset).
+#ifndef BAGPIPE_DATA_SCHEMA_H_
+#define BAGPIPE_DATA_SCHEMA_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/types.h"
+#include "nlohmann/json.hpp"
+
+namespace bagpipe {
+
+struct Schema {
+  std::vector<std::string> dense_names;
+  std::vector<std::string> table_names;
+  // Rows per table: every id of table t is < table_rows[t]. For dictionary-encoded text sources
+  // this is the number of distinct values seen so far (plus the reserved missing-value row) and
+  // grows while the source is read.
+  std::vector<int64_t> table_rows;
+
+  int num_dense() const { return static_cast<int>(dense_names.size()); }
+  int num_tables() const { return static_cast<int>(table_names.size()); }
+  // Cumulative table sizes: offsets[t] is the RowId of row 0 of table t; offsets[num_tables()]
+  // is the total row count. Size num_tables() + 1.
+  std::vector<RowId> TableOffsets() const;
+  int64_t TotalRows() const;
+
+  nlohmann::json ToJson() const;
+  static absl::StatusOr<Schema> FromJson(const nlohmann::json& json);
+  bool operator==(const Schema& other) const = default;
+};
+
+}  // namespace bagpipe
+
+#endif  // BAGPIPE_DATA_SCHEMA_H_

@@ -1,0 +1,91 @@
+#include "data/source.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "data/binary_format.h"
+#include "data/criteo_reader.h"
+#include "data/csv_reader.h"
+#include "data/synthetic.h"
+
+namespace bagpipe {
+
+nlohmann::json SourceStats::ToJson() const {
+  return {{"samples", samples},
+          {"bytes", bytes},
+          {"lines", lines},
+          {"skipped_lines", skipped_lines},
+          {"first_errors", first_errors}};
+}
+
+absl::StatusOr<std::unique_ptr<SampleSource>> OpenSource(std::string_view spec,
+                                                         const SourceOptions& options) {
+  const size_t colon = spec.find(':');
+  const std::string kind(spec.substr(0, colon));
+  const std::string rest(colon == std::string_view::npos ? "" : spec.substr(colon + 1));
+  if (kind == "synthetic") return OpenSynthetic(rest, options);
+  if (rest.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data source '", std::string(spec),
+        "' names no file; expected synthetic[:k=v,...], criteo:PATH, csv:PATH or bin:PATH"));
+  }
+  if (kind == "criteo") return OpenCriteo(rest, options);
+  if (kind == "csv") return OpenCsv(rest, options);
+  if (kind == "bin") return OpenBinary(rest, options);
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown data source kind '", kind, "' in '", std::string(spec),
+                   "'; expected synthetic[:k=v,...], criteo:PATH, csv:PATH or bin:PATH"));
+}
+
+absl::StatusOr<Schema> ScanSchema(SampleSource& source) {
+  Batch batch;
+  while (true) {
+    ASSIGN_OR_RETURN(const int64_t read, source.Read(1 << 16, &batch));
+    if (read == 0) break;
+  }
+  Schema schema = source.schema();
+  RETURN_IF_ERROR(source.Rewind());
+  return schema;
+}
+
+BatchStream::BatchStream(std::unique_ptr<SampleSource> source, Options options)
+    : source_(std::move(source)), options_(options) {
+  pending_.Reset(source_->schema().num_dense(), source_->schema().num_tables());
+}
+
+absl::StatusOr<bool> BatchStream::Next(Batch* batch) {
+  if (done_) return false;
+  const int64_t want = options_.batch_size;
+  batch->Reset(source_->schema().num_dense(), source_->schema().num_tables());
+  while (batch->num_samples < want) {
+    ASSIGN_OR_RETURN(const int64_t read, source_->Read(want - batch->num_samples, &pending_));
+    if (read > 0) {
+      batch->Append(pending_);
+      continue;
+    }
+    // End of an epoch.
+    const bool partial = batch->num_samples > 0;
+    if (partial && !options_.drop_last) break;  // return the short batch; rewind next call
+    batch->Reset(source_->schema().num_dense(), source_->schema().num_tables());
+    ++epoch_;
+    if (options_.epochs != 0 && epoch_ >= options_.epochs) {
+      done_ = true;
+      return false;
+    }
+    RETURN_IF_ERROR(source_->Rewind());
+    if (partial) continue;
+    // An empty epoch right after a rewind would loop forever: the source has no samples.
+    ASSIGN_OR_RETURN(const int64_t first, source_->Read(want, &pending_));
+    if (first == 0) {
+      done_ = true;
+      return absl::FailedPreconditionError(
+          absl::StrCat(source_->Describe(), " yields no samples"));
+    }
+    batch->Append(pending_);
+  }
+  ++batches_;
+  return true;
+}
+
+}  // namespace bagpipe

@@ -1,0 +1,108 @@
+// Sample sources: every dataset reader and the synthetic generator stream samples through this
+// one interface, and are named the same way everywhere on the command line:
+//
+//   synthetic[:key=value,...]   seeded Criteo-like generator (data/synthetic.h lists the keys)
+//   criteo:PATH                 Criteo TSV (Kaggle train.txt, Terabyte day_N)
+//   csv:PATH                    CSV with a header and a column spec (SourceOptions::schema)
+//   bin:PATH                    Bagpipe's binary columnar format (written by `bagpipe convert`)
+//
+// A source is single-threaded from the caller's view (it may parallelise internally with TBB).
+// Errors in the data are reported with file, line and column; with skip_bad_lines the bad line
+// is counted in SourceStats and skipped instead.
+#ifndef BAGPIPE_DATA_SOURCE_H_
+#define BAGPIPE_DATA_SOURCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "data/batch.h"
+#include "data/schema.h"
+#include "nlohmann/json.hpp"
+
+namespace bagpipe {
+
+struct SourceStats {
+  int64_t samples = 0;        // samples returned so far (all epochs)
+  int64_t bytes = 0;          // input bytes consumed (text and binary readers)
+  int64_t lines = 0;          // text lines read, including skipped ones and the CSV header
+  int64_t skipped_lines = 0;  // bad lines skipped under skip_bad_lines
+  // The first few skipped lines' errors, for the report.
+  std::vector<std::string> first_errors;
+  nlohmann::json ToJson() const;
+};
+
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+
+  // The dataset's schema. For dictionary-encoded text sources table_rows grows as values are
+  // first seen; it is exact for the samples returned so far.
+  virtual const Schema& schema() const = 0;
+
+  // Replaces *batch with the next up to `max_samples` samples (first_sample set to their stream
+  // position) and returns how many were read; 0 means the end of the data (and keeps meaning
+  // it until Rewind). After an error the source must not be read again.
+  virtual absl::StatusOr<int64_t> Read(int64_t max_samples, Batch* batch) = 0;
+
+  // Restarts at the first sample (the next epoch). Dictionaries keep their ids; stream positions
+  // keep counting.
+  virtual absl::Status Rewind() = 0;
+
+  virtual SourceStats stats() const = 0;
+  // e.g. "criteo:/data/day_0 (mod 10000000 hashing)".
+  virtual std::string Describe() const = 0;
+};
+
+struct SourceOptions {
+  // CSV column spec, e.g. "label=rating>3.5; dense=year; sparse=userId,movieId,genres".
+  std::string schema;
+  // Skip (and count) malformed lines instead of failing.
+  bool skip_bad_lines = false;
+  // Criteo categorical columns: 0 = dictionary encoding (first appearance = next row);
+  // N > 0 = `mod N` hashing into N rows per table (row 0 stays the missing-value row).
+  int64_t row_budget = 0;
+  // Stop after this many samples per epoch (-1 = all).
+  int64_t max_samples = -1;
+};
+
+// Opens a source from its command-line name (see the file comment).
+absl::StatusOr<std::unique_ptr<SampleSource>> OpenSource(std::string_view spec,
+                                                         const SourceOptions& options);
+
+// Reads the whole source once (one epoch) and returns its final schema (exact table sizes for
+// dictionary-encoded text), then rewinds it. Used where table sizes must be known up front.
+absl::StatusOr<Schema> ScanSchema(SampleSource& source);
+
+// Global batches of `batch_size` consecutive samples from a source: the unit the oracle plans.
+// With `epochs` > 1 (or 0 = endless) the source is rewound at its end; with drop_last the final
+// partial batch of each epoch is dropped (otherwise it is returned short).
+class BatchStream {
+ public:
+  struct Options {
+    int64_t batch_size = 1024;
+    int epochs = 1;  // 0 = endless
+    bool drop_last = false;
+  };
+  BatchStream(std::unique_ptr<SampleSource> source, Options options);
+
+  // Replaces *batch with the next global batch; returns false at the end of the stream.
+  absl::StatusOr<bool> Next(Batch* batch);
+  SampleSource& source() { return *source_; }
+  int64_t batches() const { return batches_; }
+  int epoch() const { return epoch_; }
+
+ private:
+  std::unique_ptr<SampleSource> source_;
+  Options options_;
+  int64_t batches_ = 0;
+  int epoch_ = 0;
+  bool done_ = false;
+  Batch pending_;
+};
+
+}  // namespace bagpipe
+
+#endif  // BAGPIPE_DATA_SOURCE_H_

@@ -1,0 +1,273 @@
+#include "server/embedding_server.h"
+
+#include <algorithm>
+#include <cstring>
+#include <queue>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/logging.h"
+#include "core/status.h"
+
+namespace bagpipe {
+
+EmbeddingServer::EmbeddingServer(ServerOptions options, int num_trainers)
+    : options_(std::move(options)), store_(options_.initializer), watermarks_(num_trainers, -1) {}
+
+absl::Status EmbeddingServer::HandleWriteBack(int trainer, const WriteBack& write_back) {
+  const int rf = store_.record_floats();
+  if (write_back.records.size() != write_back.rows.size() * static_cast<size_t>(rf)) {
+    return absl::DataLossError(absl::StrFormat(
+        "write-back from trainer %d at iteration %d: %d rows but %d floats (expected %d per row)",
+        trainer, write_back.stamp, write_back.rows.size(), write_back.records.size(), rf));
+  }
+  if (write_back.stamp < watermarks_[trainer]) {
+    return absl::DataLossError(absl::StrFormat(
+        "write-back from trainer %d stamped %d arrived after one stamped %d", trainer,
+        write_back.stamp, watermarks_[trainer]));
+  }
+  for (size_t k = 0; k < write_back.rows.size(); ++k) {
+    const RowId row = write_back.rows[k];
+    const Iteration previous = store_.stamp(row);
+    if (previous >= write_back.stamp) {
+      return absl::DataLossError(absl::StrFormat(
+          "row %d written back at iteration %d by trainer %d after a write-back stamped %d: "
+          "two owners wrote the same row back",
+          row, write_back.stamp, trainer, previous));
+    }
+    std::memcpy(store_.GetOrCreate(row), write_back.records.data() + k * rf, rf * sizeof(float));
+    store_.set_stamp(row, write_back.stamp);
+  }
+  watermarks_[trainer] = write_back.stamp;
+  ++stats_.write_back_messages;
+  stats_.rows_written_back += static_cast<int64_t>(write_back.rows.size());
+  return absl::OkStatus();
+}
+
+void EmbeddingServer::HandleFetch(int trainer, FetchRequest request) {
+  ++stats_.fetch_requests;
+  waiting_.push_back(Waiting{trainer, std::move(request)});
+}
+
+bool EmbeddingServer::Ready(Waiting& waiting) {
+  const FetchRequest& request = waiting.request;
+  const Iteration floor = request.iteration - options_.writeback_horizon;
+  for (Iteration watermark : watermarks_) {
+    if (watermark < floor) return false;
+  }
+  for (; waiting.ready_prefix < request.rows.size(); ++waiting.ready_prefix) {
+    const Iteration after = request.after_stamps[waiting.ready_prefix];
+    if (after >= 0 && store_.stamp(request.rows[waiting.ready_prefix]) < after) return false;
+  }
+  return true;
+}
+
+std::vector<std::pair<int, FetchResponse>> EmbeddingServer::TakeReady() {
+  std::vector<std::pair<int, FetchResponse>> ready;
+  const int rf = store_.record_floats();
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (!Ready(*it)) {
+      if (!it->counted_deferred) {
+        it->counted_deferred = true;
+        ++stats_.deferred_fetches;
+      }
+      ++it;
+      continue;
+    }
+    FetchResponse response;
+    response.id = it->request.id;
+    response.records.resize(it->request.rows.size() * rf);
+    for (size_t k = 0; k < it->request.rows.size(); ++k) {
+      std::memcpy(response.records.data() + k * rf, store_.GetOrCreate(it->request.rows[k]),
+                  rf * sizeof(float));
+    }
+    stats_.rows_fetched += static_cast<int64_t>(it->request.rows.size());
+    ready.emplace_back(it->trainer, std::move(response));
+    it = waiting_.erase(it);
+  }
+  return ready;
+}
+
+ServerStats EmbeddingServer::stats() const {
+  ServerStats stats = stats_;
+  stats.rows_stored = store_.size();
+  stats.bytes_per_row = store_.bytes_per_row();
+  return stats;
+}
+
+namespace {
+
+constexpr size_t kCollectChunkRows = 1 << 15;
+
+absl::Status StreamRows(Transport& transport, int destination, const RowStore& store) {
+  const int rf = store.record_floats();
+  std::vector<RowId> rows;
+  std::vector<float> records;
+  auto flush = [&](bool last) -> absl::Status {
+    WireWriter w;
+    w.Put<uint8_t>(last ? 1 : 0);
+    w.PutVector(rows);
+    w.PutVector(records);
+    rows.clear();
+    records.clear();
+    return transport.Send(destination, kTagControl, EncodeControl(ControlKind::kRows, w.Take()));
+  };
+  absl::Status status;
+  store.ForEachSorted([&](RowId row, const float* record) {
+    if (!status.ok()) return;
+    rows.push_back(row);
+    records.insert(records.end(), record, record + rf);
+    if (rows.size() == kCollectChunkRows) status = flush(false);
+  });
+  RETURN_IF_ERROR(status);
+  return flush(true);
+}
+
+}  // namespace
+
+absl::Status RunServer(Transport& transport, const JobLayout& layout, int server_index,
+                       const ServerOptions& options, ServerStats* stats_out) {
+  EmbeddingServer server(options, layout.trainers);
+  const std::string me = layout.Describe(transport.rank());
+  int done = 0;
+  bool stop = false;
+  auto fail = [&](absl::Status status) {
+    status = Annotate(status, me);
+    transport.Abort(status);
+    return status;
+  };
+  auto send_ready = [&]() -> absl::Status {
+    for (auto& [trainer, response] : server.TakeReady()) {
+      RETURN_IF_ERROR(transport.Send(layout.trainer_rank(trainer), kTagFetchResponse,
+                                     EncodeFetchResponse(response)));
+    }
+    return absl::OkStatus();
+  };
+  while (!stop) {
+    absl::StatusOr<Message> message =
+        transport.Receive(kAnySource, kAnyTag, options.peer_timeout);
+    if (!message.ok()) {
+      if (absl::IsDeadlineExceeded(message.status())) {
+        return fail(absl::DeadlineExceededError(absl::StrFormat(
+            "no message from any rank for %s (%d of %d trainers done, %d fetches waiting); a "
+            "peer died or hung",
+            absl::FormatDuration(options.peer_timeout), done, layout.trainers, server.waiting())));
+      }
+      return message.status();  // aborted elsewhere
+    }
+    const int source = message->source;
+    const bool from_trainer = layout.RoleOf(source) == Role::kTrainer;
+    switch (message->tag) {
+      case kTagWriteBack: {
+        if (!from_trainer) return fail(absl::DataLossError("write-back from a non-trainer"));
+        auto write_back = DecodeWriteBack(message->payload);
+        if (!write_back.ok()) return fail(write_back.status());
+        absl::Status status = server.HandleWriteBack(layout.IndexOf(source), *write_back);
+        if (!status.ok()) return fail(status);
+        if (absl::Status sent = send_ready(); !sent.ok()) return fail(sent);
+        break;
+      }
+      case kTagFetchRequest: {
+        if (!from_trainer) return fail(absl::DataLossError("fetch from a non-trainer"));
+        auto request = DecodeFetchRequest(message->payload);
+        if (!request.ok()) return fail(request.status());
+        server.HandleFetch(layout.IndexOf(source), std::move(*request));
+        if (absl::Status sent = send_ready(); !sent.ok()) return fail(sent);
+        break;
+      }
+      case kTagControl: {
+        ControlKind kind;
+        Bytes body;
+        if (absl::Status s = DecodeControl(message->payload, &kind, &body); !s.ok()) {
+          return fail(s);
+        }
+        if (kind == ControlKind::kDone) {
+          ++done;
+        } else if (kind == ControlKind::kCollect) {
+          if (absl::Status s = StreamRows(transport, source, server.store()); !s.ok()) {
+            return fail(s);
+          }
+        } else if (kind == ControlKind::kStop) {
+          stop = true;
+        } else {
+          return fail(absl::DataLossError("unexpected control message at a server"));
+        }
+        break;
+      }
+      default:
+        return fail(absl::DataLossError(
+            absl::StrCat("unexpected message tag ", message->tag, " from rank ", source)));
+    }
+  }
+  if (server.waiting() > 0) {
+    return fail(absl::InternalError(absl::StrCat("stopped with ", server.waiting(),
+                                                 " fetches never served")));
+  }
+  if (stats_out != nullptr) *stats_out = server.stats();
+  return absl::OkStatus();
+}
+
+absl::Status CollectRows(Transport& transport, const JobLayout& layout, int record_floats,
+                         absl::Duration timeout,
+                         const std::function<void(RowId, const float*)>& fn) {
+  struct Stream {
+    std::vector<RowId> rows;
+    std::vector<float> records;
+    size_t at = 0;
+    bool last = false;
+  };
+  std::vector<Stream> streams(layout.servers);
+  auto receive_chunk = [&](int s) -> absl::Status {
+    ASSIGN_OR_RETURN(Message message,
+                     transport.Receive(layout.server_rank(s), kTagControl, timeout));
+    ControlKind kind;
+    Bytes body;
+    RETURN_IF_ERROR(DecodeControl(message.payload, &kind, &body));
+    if (kind != ControlKind::kRows) return absl::DataLossError("expected a rows chunk");
+    WireReader r(body, "rows chunk");
+    uint8_t last = 0;
+    RETURN_IF_ERROR(r.Get(&last));
+    Stream& stream = streams[s];
+    RETURN_IF_ERROR(r.GetVector(&stream.rows));
+    RETURN_IF_ERROR(r.GetVector(&stream.records));
+    if (stream.records.size() != stream.rows.size() * static_cast<size_t>(record_floats)) {
+      return absl::DataLossError("rows chunk: record size mismatch");
+    }
+    stream.at = 0;
+    stream.last = last != 0;
+    return absl::OkStatus();
+  };
+  for (int s = 0; s < layout.servers; ++s) {
+    RETURN_IF_ERROR(transport.Send(layout.server_rank(s), kTagControl,
+                                   EncodeControl(ControlKind::kCollect)));
+  }
+  using Head = std::pair<RowId, int>;
+  std::priority_queue<Head, std::vector<Head>, std::greater<>> heads;
+  for (int s = 0; s < layout.servers; ++s) {
+    RETURN_IF_ERROR(receive_chunk(s));
+    while (streams[s].rows.empty() && !streams[s].last) RETURN_IF_ERROR(receive_chunk(s));
+    if (!streams[s].rows.empty()) heads.push({streams[s].rows[0], s});
+  }
+  while (!heads.empty()) {
+    const auto [row, s] = heads.top();
+    heads.pop();
+    Stream& stream = streams[s];
+    fn(row, stream.records.data() + stream.at * record_floats);
+    ++stream.at;
+    if (stream.at == stream.rows.size()) {
+      if (stream.last) continue;
+      do {
+        RETURN_IF_ERROR(receive_chunk(s));
+      } while (stream.rows.empty() && !stream.last);
+      if (stream.rows.empty()) continue;
+    }
+    heads.push({stream.rows[stream.at], s});
+  }
+  for (int s = 0; s < layout.servers; ++s) {
+    RETURN_IF_ERROR(
+        transport.Send(layout.server_rank(s), kTagControl, EncodeControl(ControlKind::kStop)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace bagpipe

@@ -1,0 +1,152 @@
+#include "sync/mpi_transport.h"
+
+#include <mpi.h>
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "core/checks.h"
+#include "core/logging.h"
+#include "core/status.h"
+
+namespace bagpipe {
+
+bool LaunchedByMpirun() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
+    if (std::getenv(name) != nullptr) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::unique_ptr<MpiSession>> MpiSession::Init(int* argc, char*** argv) {
+  int provided = 0;
+  MPI_RETURN_IF_ERROR(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+  if (provided < MPI_THREAD_MULTIPLE) {
+    MPI_Finalize();
+    return absl::FailedPreconditionError(
+        "this MPI library does not provide MPI_THREAD_MULTIPLE, which Bagpipe needs (Open MPI "
+        "4 does by default)");
+  }
+  // Errors come back as codes (turned into Status) instead of aborting inside MPI.
+  MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  int rank = 0, size = 0;
+  MPI_RETURN_IF_ERROR(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MPI_RETURN_IF_ERROR(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  return std::unique_ptr<MpiSession>(new MpiSession(rank, size));
+}
+
+MpiSession::~MpiSession() { MPI_Finalize(); }
+
+struct MpiTransport::PendingSend {
+  Bytes payload;
+  MPI_Request request = MPI_REQUEST_NULL;
+};
+
+absl::StatusOr<std::unique_ptr<MpiTransport>> MpiTransport::Create() {
+  int rank = 0, size = 0;
+  MPI_RETURN_IF_ERROR(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MPI_RETURN_IF_ERROR(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  return std::unique_ptr<MpiTransport>(new MpiTransport(rank, size));
+}
+
+MpiTransport::MpiTransport(int rank, int size) : rank_(rank), size_(size), mailbox_(rank) {
+  progress_ = std::thread([this] { ProgressLoop(); });
+}
+
+MpiTransport::~MpiTransport() {
+  CompleteSends(/*wait_all=*/true);
+  stop_ = true;
+  progress_.join();
+}
+
+absl::Status MpiTransport::Send(int destination, int tag, Bytes payload) {
+  if (absl::Status status = aborted(); !status.ok()) return status;
+  if (destination < 0 || destination >= size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank_, " sent to rank ", destination, " of ", size_));
+  }
+  if (payload.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("message of ", payload.size(), " bytes exceeds MPI's 2 GiB count limit"));
+  }
+  auto pending = std::make_unique<PendingSend>();
+  pending->payload = std::move(payload);
+  MPI_RETURN_IF_ERROR(MPI_Isend(pending->payload.data(), static_cast<int>(pending->payload.size()),
+                                MPI_BYTE, destination, tag, MPI_COMM_WORLD, &pending->request));
+  absl::MutexLock lock(&send_mu_);
+  pending_.push_back(std::move(pending));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Message> MpiTransport::Receive(int source, int tag, absl::Duration timeout) {
+  return mailbox_.Receive(source, tag, timeout);
+}
+
+void MpiTransport::Abort(const absl::Status& why) {
+  {
+    absl::MutexLock lock(&abort_mu_);
+    if (!aborted_.ok()) return;
+    aborted_ = why;
+  }
+  mailbox_.Poison(why);
+  BAGPIPE_LOG(ERROR) << "rank " << rank_ << " aborts the job: " << why.message();
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+absl::Status MpiTransport::aborted() const {
+  absl::MutexLock lock(&abort_mu_);
+  return aborted_;
+}
+
+bool MpiTransport::CompleteSends(bool wait_all) {
+  absl::MutexLock lock(&send_mu_);
+  bool any = false;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    int done = 0;
+    if (wait_all) {
+      MPI_Wait(&(*it)->request, MPI_STATUS_IGNORE);
+      done = 1;
+    } else {
+      MPI_Test(&(*it)->request, &done, MPI_STATUS_IGNORE);
+    }
+    if (done) {
+      it = pending_.erase(it);
+      any = true;
+    } else {
+      ++it;
+    }
+  }
+  return any;
+}
+
+void MpiTransport::ProgressLoop() {
+  int idle_rounds = 0;
+  while (!stop_.load(std::memory_order_acquire)) {
+    bool progressed = false;
+    int flag = 0;
+    MPI_Message handle;
+    MPI_Status status;
+    if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, &handle, &status) ==
+            MPI_SUCCESS &&
+        flag) {
+      int count = 0;
+      MPI_Get_count(&status, MPI_BYTE, &count);
+      Message message;
+      message.source = status.MPI_SOURCE;
+      message.tag = status.MPI_TAG;
+      message.payload.resize(count);
+      MPI_Mrecv(message.payload.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE);
+      mailbox_.Deliver(std::move(message));
+      progressed = true;
+    }
+    progressed |= CompleteSends(/*wait_all=*/false);
+    if (progressed) {
+      idle_rounds = 0;
+    } else if (++idle_rounds > 64) {
+      // Back off when idle so the progress thread does not steal a core from compute.
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+}  // namespace bagpipe

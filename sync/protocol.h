@@ -1,0 +1,69 @@
+// Messages between trainers and embedding servers, and the row -> server sharding.
+//
+//   FetchRequest   trainer -> server: rows needed for the fills of iteration `iteration`; the
+//                  server answers once each row's write-back stamped `after_stamps[k]` (if >= 0)
+//                  is applied and every trainer's write-backs are in up to iteration
+//                  `iteration - horizon` (see oracle/planner.h, "write-back stamps").
+//   FetchResponse  server -> trainer: the rows' records (values + optimizer state), request order.
+//   WriteBack      trainer -> server: records written back at the boundary of iteration `stamp`.
+//                  Sent at every boundary to every server, possibly empty: it is also the
+//                  trainer's watermark ("all my write-backs up to `stamp` are sent").
+//   Control        kDone (a trainer finished), kCollect/kRows (parameter collection), kStop.
+#ifndef BAGPIPE_SYNC_PROTOCOL_H_
+#define BAGPIPE_SYNC_PROTOCOL_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/random.h"
+#include "core/types.h"
+#include "sync/wire.h"
+
+namespace bagpipe {
+
+// The server (0..num_servers-1) that owns `row`: a hash, so hot rows of every table spread.
+inline int ServerOfRow(RowId row, int num_servers) {
+  return static_cast<int>(Mix64(row ^ 0x5bd1e995ULL) % static_cast<uint64_t>(num_servers));
+}
+
+struct FetchRequest {
+  uint64_t id = 0;
+  Iteration iteration = 0;
+  std::vector<RowId> rows;
+  std::vector<Iteration> after_stamps;
+};
+
+struct FetchResponse {
+  uint64_t id = 0;
+  std::vector<float> records;  // rows.size() * record_floats
+};
+
+struct WriteBack {
+  Iteration stamp = 0;
+  std::vector<RowId> rows;
+  std::vector<float> records;
+};
+
+enum class ControlKind : uint32_t {
+  kDone = 1,     // trainer -> servers/oracle: finished, no more requests
+  kCollect = 2,  // collector -> server: send every row, sorted by RowId
+  kRows = 3,     // server -> collector: a chunk of rows (last chunk flagged)
+  kStop = 4,     // collector -> server: exit
+  kStats = 5,    // any -> collector: a JSON blob of statistics
+};
+
+Bytes EncodeFetchRequest(const FetchRequest& request);
+absl::StatusOr<FetchRequest> DecodeFetchRequest(const Bytes& bytes);
+Bytes EncodeFetchResponse(const FetchResponse& response);
+absl::StatusOr<FetchResponse> DecodeFetchResponse(const Bytes& bytes);
+Bytes EncodeWriteBack(const WriteBack& write_back);
+absl::StatusOr<WriteBack> DecodeWriteBack(const Bytes& bytes);
+
+// Control messages: a kind and an opaque body.
+Bytes EncodeControl(ControlKind kind, const Bytes& body = {});
+absl::Status DecodeControl(const Bytes& bytes, ControlKind* kind, Bytes* body);
+
+}  // namespace bagpipe
+
+#endif  // BAGPIPE_SYNC_PROTOCOL_H_

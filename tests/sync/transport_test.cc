@@ -1,0 +1,140 @@
+// Specification of the in-process transport (the embedded default's communicator).
+#include "sync/transport.h"
+
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sync/protocol.h"
+#include "sync/roles.h"
+
+namespace bagpipe {
+namespace {
+
+using ::testing::HasSubstr;
+
+Bytes Text(const std::string& s) { return Bytes(s.begin(), s.end()); }
+std::string Str(const Bytes& b) { return std::string(b.begin(), b.end()); }
+
+TEST(InProcessTransportTest, MessagesBetweenAPairKeepTheirOrderPerTag) {
+  InProcessHub hub(2);
+  for (int k = 0; k < 100; ++k) ASSERT_TRUE(hub.endpoint(0).Send(1, kTagTest, Text(std::to_string(k))).ok());
+  ASSERT_TRUE(hub.endpoint(0).Send(1, kTagPlan, Text("plan")).ok());
+  auto plan = hub.endpoint(1).Receive(0, kTagPlan, absl::Seconds(1));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(Str(plan->payload), "plan");
+  for (int k = 0; k < 100; ++k) {
+    auto m = hub.endpoint(1).Receive(0, kTagTest, absl::Seconds(1));
+    ASSERT_TRUE(m.ok());
+    EXPECT_EQ(Str(m->payload), std::to_string(k));
+    EXPECT_EQ(m->source, 0);
+  }
+}
+
+TEST(InProcessTransportTest, AnySourceAndAnyTagReceiveWhateverCame) {
+  InProcessHub hub(3);
+  ASSERT_TRUE(hub.endpoint(2).Send(0, kTagControl, Text("c")).ok());
+  auto m = hub.endpoint(0).Receive(kAnySource, kAnyTag, absl::Seconds(1));
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->source, 2);
+  EXPECT_EQ(m->tag, kTagControl);
+}
+
+TEST(InProcessTransportTest, ReceiveTimesOutNamingThePeer) {
+  InProcessHub hub(2);
+  auto m = hub.endpoint(1).Receive(0, kTagPlan, absl::Milliseconds(20));
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(m.status()));
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("from rank 0"));
+}
+
+TEST(InProcessTransportTest, AbortWakesEveryWaiterWithTheReason) {
+  InProcessHub hub(3);
+  absl::Status seen;
+  std::thread waiter([&] {
+    seen = hub.endpoint(2).Receive(kAnySource, kTagPlan, absl::Seconds(30)).status();
+  });
+  hub.endpoint(1).Abort(absl::InternalError("trainer 0 failed"));
+  waiter.join();
+  EXPECT_THAT(std::string(seen.message()), HasSubstr("trainer 0 failed"));
+  EXPECT_FALSE(hub.endpoint(0).Send(1, kTagTest, {}).ok());
+  EXPECT_FALSE(hub.endpoint(0).aborted().ok());
+}
+
+TEST(InProcessTransportTest, SendToAnInvalidRankFails) {
+  InProcessHub hub(2);
+  EXPECT_FALSE(hub.endpoint(0).Send(5, kTagTest, {}).ok());
+}
+
+TEST(InProcessTransportTest, EmulatedLinkDelaysByLatencyAndBandwidth) {
+  auto link = LinkModel::Parse("8Mbit/s,30ms");  // 1 MB/s
+  ASSERT_TRUE(link.ok()) << link.status();
+  InProcessHub hub(2, *link, /*emulated=*/{1});
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(hub.endpoint(0).Send(1, kTagTest, Bytes(20000)).ok());  // 20 ms on the wire
+  auto m = hub.endpoint(1).Receive(0, kTagTest, absl::Seconds(5));
+  ASSERT_TRUE(m.ok());
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(45));
+  // Not emulated: ranks 0 <-> 0 would be immediate; here only rank 1's links are slow.
+}
+
+TEST(LinkModelTest, ParsesUnitsAndRejectsNonsense) {
+  auto a = LinkModel::Parse("25Gbit/s,20us");
+  ASSERT_TRUE(a.ok());
+  EXPECT_DOUBLE_EQ(a->bytes_per_second, 25e9 / 8);
+  EXPECT_EQ(a->latency, absl::Microseconds(20));
+  auto b = LinkModel::Parse("10GB/s");
+  ASSERT_TRUE(b.ok());
+  EXPECT_DOUBLE_EQ(b->bytes_per_second, 1e10);
+  EXPECT_FALSE(LinkModel::Parse("none")->enabled());
+  EXPECT_FALSE(LinkModel::Parse("fast").ok());
+  EXPECT_FALSE(LinkModel::Parse("10Gbit/s,soon").ok());
+  EXPECT_FALSE(LinkModel::Parse("-1Gbit/s").ok());
+}
+
+TEST(ProtocolTest, MessagesRoundTrip) {
+  FetchRequest request{7, 42, {1, 2, 3}, {-1, 5, 9}};
+  auto decoded = DecodeFetchRequest(EncodeFetchRequest(request));
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_EQ(decoded->id, 7u);
+  EXPECT_EQ(decoded->rows, request.rows);
+  EXPECT_EQ(decoded->after_stamps, request.after_stamps);
+  WriteBack wb{12, {4, 5}, {1.5f, 2.5f, 3.5f, 4.5f}};
+  auto wb2 = DecodeWriteBack(EncodeWriteBack(wb));
+  ASSERT_TRUE(wb2.ok());
+  EXPECT_EQ(wb2->records, wb.records);
+  EXPECT_EQ(wb2->stamp, 12);
+}
+
+TEST(ProtocolTest, TruncatedMessagesAreDataLossNotCrashes) {
+  Bytes bytes = EncodeFetchRequest(FetchRequest{1, 2, {1, 2, 3}, {0, 0, 0}});
+  for (size_t cut = 0; cut < bytes.size(); cut += 3) {
+    Bytes part(bytes.begin(), bytes.begin() + cut);
+    auto decoded = DecodeFetchRequest(part);
+    ASSERT_FALSE(decoded.ok()) << cut;
+    EXPECT_TRUE(absl::IsDataLoss(decoded.status()));
+  }
+}
+
+TEST(ProtocolTest, RowsSpreadOverServers) {
+  std::vector<int> counts(4, 0);
+  for (RowId row = 0; row < 4000; ++row) ++counts[ServerOfRow(row, 4)];
+  for (int c : counts) EXPECT_NEAR(c, 1000, 150);
+}
+
+TEST(JobLayoutTest, RanksAndValidation) {
+  JobLayout layout{2, 3};
+  EXPECT_EQ(layout.size(), 6);
+  EXPECT_EQ(layout.RoleOf(0), Role::kOracle);
+  EXPECT_EQ(layout.RoleOf(2), Role::kServer);
+  EXPECT_EQ(layout.RoleOf(3), Role::kTrainer);
+  EXPECT_EQ(layout.IndexOf(5), 2);
+  EXPECT_EQ(layout.Describe(4), "rank 4 (trainer 1)");
+  EXPECT_TRUE(layout.Validate(6).ok());
+  absl::Status wrong = layout.Validate(4);
+  EXPECT_THAT(std::string(wrong.message()), HasSubstr("needs 1 + 2 + 3 = 6"));
+  EXPECT_FALSE((JobLayout{0, 1}).Validate().ok());
+}
+
+}  // namespace
+}  // namespace bagpipe
