@@ -27,11 +27,11 @@ absl::Status MpiStatus(int code, const char* call, const char* file, int line);
 
 }  // namespace bagpipe::internal
 
-#define MPI_RETURN_IF_ERROR(call)                                                          \
-  do {                                                                                     \
-    int bagpipe_mpi_rc_ = (call);                                                          \
-    if (bagpipe_mpi_rc_ != 0)                                                              \
-      return ::bagpipe::internal::MpiStatus(bagpipe_mpi_rc_, #call, __FILE__, __LINE__);   \
+#define MPI_RETURN_IF_ERROR(call)                                                        \
+  do {                                                                                   \
+    int bagpipe_mpi_rc_ = (call);                                                        \
+    if (bagpipe_mpi_rc_ != 0)                                                            \
+      return ::bagpipe::internal::MpiStatus(bagpipe_mpi_rc_, #call, __FILE__, __LINE__); \
   } while (false)
 
 #endif  // BAGPIPE_CORE_CHECKS_H_

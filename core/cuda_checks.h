@@ -18,25 +18,25 @@ absl::Status NcclStatus(ncclResult_t code, const char* call, const char* file, i
 
 }  // namespace bagpipe::internal
 
-#define CUDA_RETURN_IF_ERROR(call)                                                           \
-  do {                                                                                       \
-    cudaError_t bagpipe_cuda_rc_ = (call);                                                   \
-    if (bagpipe_cuda_rc_ != cudaSuccess)                                                     \
-      return ::bagpipe::internal::CudaStatus(bagpipe_cuda_rc_, #call, __FILE__, __LINE__);   \
+#define CUDA_RETURN_IF_ERROR(call)                                                         \
+  do {                                                                                     \
+    cudaError_t bagpipe_cuda_rc_ = (call);                                                 \
+    if (bagpipe_cuda_rc_ != cudaSuccess)                                                   \
+      return ::bagpipe::internal::CudaStatus(bagpipe_cuda_rc_, #call, __FILE__, __LINE__); \
   } while (false)
 
-#define CUBLAS_RETURN_IF_ERROR(call)                                                         \
-  do {                                                                                       \
-    cublasStatus_t bagpipe_cublas_rc_ = (call);                                              \
-    if (bagpipe_cublas_rc_ != CUBLAS_STATUS_SUCCESS)                                         \
+#define CUBLAS_RETURN_IF_ERROR(call)                                                           \
+  do {                                                                                         \
+    cublasStatus_t bagpipe_cublas_rc_ = (call);                                                \
+    if (bagpipe_cublas_rc_ != CUBLAS_STATUS_SUCCESS)                                           \
       return ::bagpipe::internal::CublasStatus(bagpipe_cublas_rc_, #call, __FILE__, __LINE__); \
   } while (false)
 
-#define NCCL_RETURN_IF_ERROR(call)                                                           \
-  do {                                                                                       \
-    ncclResult_t bagpipe_nccl_rc_ = (call);                                                  \
-    if (bagpipe_nccl_rc_ != ncclSuccess)                                                     \
-      return ::bagpipe::internal::NcclStatus(bagpipe_nccl_rc_, #call, __FILE__, __LINE__);   \
+#define NCCL_RETURN_IF_ERROR(call)                                                         \
+  do {                                                                                     \
+    ncclResult_t bagpipe_nccl_rc_ = (call);                                                \
+    if (bagpipe_nccl_rc_ != ncclSuccess)                                                   \
+      return ::bagpipe::internal::NcclStatus(bagpipe_nccl_rc_, #call, __FILE__, __LINE__); \
   } while (false)
 
 // Checks the last kernel launch (launch-configuration errors surface here, not at the launch).

@@ -22,7 +22,8 @@ absl::StatusOr<void*> AllocateHost(size_t bytes) {
   const size_t rounded = (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
   void* pointer = std::aligned_alloc(kHostAlignment, rounded);
   if (pointer == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("host allocation of ", bytes, " bytes failed"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host allocation of ", bytes, " bytes failed"));
   }
   return pointer;
 }
@@ -33,9 +34,7 @@ cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); 
 
 }  // namespace
 
-std::string_view BackendName(Backend backend) {
-  return backend == Backend::kCuda ? "cuda" : "cpu";
-}
+std::string_view BackendName(Backend backend) { return backend == Backend::kCuda ? "cuda" : "cpu"; }
 
 absl::StatusOr<Backend> ParseBackend(std::string_view text) {
   const std::string t = absl::AsciiStrToLower(std::string(text));
@@ -103,9 +102,8 @@ std::shared_ptr<DeviceContext> DeviceContext::Cpu() {
 absl::StatusOr<std::shared_ptr<DeviceContext>> DeviceContext::Cuda(int device) {
 #if BAGPIPE_WITH_CUDA
   if (device < 0 || device >= CudaDeviceCount()) {
-    return absl::FailedPreconditionError(absl::StrCat("CUDA device ", device,
-                                                      " is not available: ",
-                                                      CudaDeviceDescription(device)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", device, " is not available: ", CudaDeviceDescription(device)));
   }
   std::shared_ptr<DeviceContext> context(new DeviceContext(Backend::kCuda, device));
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
@@ -229,8 +227,8 @@ absl::Status DeviceContext::CopyToDevice(void* dst, const void* src, size_t byte
   if (bytes == 0) return absl::OkStatus();
 #if BAGPIPE_WITH_CUDA
   if (is_cuda()) {
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
-                                         AsStream(stream(stream_kind))));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, AsStream(stream(stream_kind))));
     return absl::OkStatus();
   }
 #endif
@@ -243,8 +241,8 @@ absl::Status DeviceContext::CopyToHost(void* dst, const void* src, size_t bytes,
   if (bytes == 0) return absl::OkStatus();
 #if BAGPIPE_WITH_CUDA
   if (is_cuda()) {
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
-                                         AsStream(stream(stream_kind))));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, AsStream(stream(stream_kind))));
     return absl::OkStatus();
   }
 #endif
@@ -257,8 +255,8 @@ absl::Status DeviceContext::CopyOnDevice(void* dst, const void* src, size_t byte
   if (bytes == 0) return absl::OkStatus();
 #if BAGPIPE_WITH_CUDA
   if (is_cuda()) {
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                                         AsStream(stream(stream_kind))));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, AsStream(stream(stream_kind))));
     return absl::OkStatus();
   }
 #endif

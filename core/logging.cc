@@ -39,7 +39,9 @@ const auto kStart = std::chrono::steady_clock::now();
 }  // namespace
 
 void SetLogLevel(LogLevel level) { Threshold().store(static_cast<int>(level)); }
-LogLevel GetLogLevel() { return static_cast<LogLevel>(Threshold().load(std::memory_order_relaxed)); }
+LogLevel GetLogLevel() {
+  return static_cast<LogLevel>(Threshold().load(std::memory_order_relaxed));
+}
 
 void SetLogPrefix(std::string prefix) {
   std::lock_guard<std::mutex> lock(PrefixMutex());
@@ -48,11 +50,16 @@ void SetLogPrefix(std::string prefix) {
 
 bool ParseLogLevel(std::string_view text, LogLevel* level) {
   const std::string t = absl::AsciiStrToLower(std::string(text));
-  if (t == "debug") *level = LogLevel::kDebug;
-  else if (t == "info") *level = LogLevel::kInfo;
-  else if (t == "warning" || t == "warn") *level = LogLevel::kWarning;
-  else if (t == "error") *level = LogLevel::kError;
-  else return false;
+  if (t == "debug")
+    *level = LogLevel::kDebug;
+  else if (t == "info")
+    *level = LogLevel::kInfo;
+  else if (t == "warning" || t == "warn")
+    *level = LogLevel::kWarning;
+  else if (t == "error")
+    *level = LogLevel::kError;
+  else
+    return false;
   return true;
 }
 

@@ -54,12 +54,11 @@ struct LogVoidify {
 #define BAGPIPE_LOG_LEVEL_ERROR ::bagpipe::LogLevel::kError
 #define BAGPIPE_LOG_LEVEL_FATAL ::bagpipe::LogLevel::kFatal
 
-#define BAGPIPE_LOG(severity)                                              \
-  (BAGPIPE_LOG_LEVEL_##severity < ::bagpipe::GetLogLevel())                \
-      ? (void)0                                                            \
-      : ::bagpipe::internal::LogVoidify() &                                \
-            ::bagpipe::internal::LogMessage(BAGPIPE_LOG_LEVEL_##severity,  \
-                                            __FILE__, __LINE__)            \
+#define BAGPIPE_LOG(severity)                                                                 \
+  (BAGPIPE_LOG_LEVEL_##severity < ::bagpipe::GetLogLevel())                                   \
+      ? (void)0                                                                               \
+      : ::bagpipe::internal::LogVoidify() &                                                   \
+            ::bagpipe::internal::LogMessage(BAGPIPE_LOG_LEVEL_##severity, __FILE__, __LINE__) \
                 .stream()
 
 #endif  // BAGPIPE_CORE_LOGGING_H_

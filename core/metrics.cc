@@ -9,7 +9,8 @@
 namespace bagpipe {
 
 absl::StatusOr<std::unique_ptr<JsonLinesWriter>> JsonLinesWriter::Open(const std::string& path) {
-  if (path == "-") return std::unique_ptr<JsonLinesWriter>(new JsonLinesWriter(stdout, path, false));
+  if (path == "-")
+    return std::unique_ptr<JsonLinesWriter>(new JsonLinesWriter(stdout, path, false));
   std::FILE* file = std::fopen(path.c_str(), "w");
   if (file == nullptr) {
     return absl::InvalidArgumentError(

@@ -29,7 +29,9 @@ class RowInitializer {
   // `state_floats`: optimizer state floats per row after the `dim` values.
   RowInitializer(uint64_t seed, int dim, int state_floats, float initial_accumulator,
                  const std::vector<int64_t>& table_rows)
-      : seed_(seed), dim_(dim), state_floats_(state_floats),
+      : seed_(seed),
+        dim_(dim),
+        state_floats_(state_floats),
         initial_accumulator_(initial_accumulator) {
     offsets_.push_back(0);
     for (int64_t rows : table_rows) {

@@ -23,10 +23,10 @@
 #define BAGPIPE_STATUS_CONCAT_INNER_(a, b) a##b
 #define BAGPIPE_STATUS_CONCAT_(a, b) BAGPIPE_STATUS_CONCAT_INNER_(a, b)
 
-#define RETURN_IF_ERROR(expr)                                     \
-  do {                                                            \
-    ::absl::Status bagpipe_status_ = (expr);                      \
-    if (!bagpipe_status_.ok()) return bagpipe_status_;            \
+#define RETURN_IF_ERROR(expr)                          \
+  do {                                                 \
+    ::absl::Status bagpipe_status_ = (expr);           \
+    if (!bagpipe_status_.ok()) return bagpipe_status_; \
   } while (false)
 
 #define BAGPIPE_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, rexpr) \

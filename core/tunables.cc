@@ -22,10 +22,10 @@ int64_t ReadTunable(const char* env, int64_t default_value) {
 
 }  // namespace
 
-#define BAGPIPE_DEFINE_TUNABLE_(name, env, def, doc) \
-  int64_t name() {                                   \
+#define BAGPIPE_DEFINE_TUNABLE_(name, env, def, doc)    \
+  int64_t name() {                                      \
     static const int64_t value = ReadTunable(env, def); \
-    return value;                                    \
+    return value;                                       \
   }
 BAGPIPE_TUNABLES(BAGPIPE_DEFINE_TUNABLE_)
 #undef BAGPIPE_DEFINE_TUNABLE_

@@ -1,0 +1,169 @@
+// Specifications of core/: status macros, error conversion, hashing, randomness, row
+// initialisation, the CPU device context, metrics files.
+#include <cstdio>
+#include <fstream>
+
+#include "core/checks.h"
+#include "core/device.h"
+#include "core/metrics.h"
+#include "core/optimizer.h"
+#include "core/random.h"
+#include "core/row_init.h"
+#include "core/sha256.h"
+#include "core/status.h"
+#include "core/tunables.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace bagpipe {
+namespace {
+
+using ::testing::HasSubstr;
+
+absl::Status FailsWhen(bool fail) {
+  if (fail) return absl::InvalidArgumentError("bad");
+  return absl::OkStatus();
+}
+absl::StatusOr<int> ValueOr(bool fail) {
+  if (fail) return absl::NotFoundError("missing");
+  return 42;
+}
+absl::Status UsesMacros(bool fail_first, bool fail_second, int* out) {
+  RETURN_IF_ERROR(FailsWhen(fail_first));
+  ASSIGN_OR_RETURN(const int value, ValueOr(fail_second));
+  *out = value;
+  return absl::OkStatus();
+}
+
+TEST(StatusTest, MacrosPropagateErrorsAndAssignValues) {
+  int out = 0;
+  EXPECT_TRUE(UsesMacros(false, false, &out).ok());
+  EXPECT_EQ(out, 42);
+  EXPECT_TRUE(absl::IsInvalidArgument(UsesMacros(true, false, &out)));
+  EXPECT_TRUE(absl::IsNotFound(UsesMacros(false, true, &out)));
+  EXPECT_EQ(Annotate(absl::NotFoundError("x"), "reading plan 3").message(), "reading plan 3: x");
+  EXPECT_TRUE(Annotate(absl::OkStatus(), "ctx").ok());
+}
+
+TEST(ChecksTest, MpiErrorsNameTheCallAndLocation) {
+  absl::Status status = internal::MpiStatus(/*MPI_ERR_RANK*/ 6, "MPI_Send(x)", "sync/a.cc", 12);
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(std::string(status.message()), HasSubstr("MPI_Send(x) failed at sync/a.cc:12"));
+  EXPECT_TRUE(internal::MpiStatus(0, "MPI_Send", "f", 1).ok());
+}
+
+TEST(Sha256Test, KnownVectors) {
+  Sha256 empty;
+  EXPECT_EQ(empty.HexDigest(), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  Sha256 abc;
+  abc.Update("a", 1);
+  abc.Update("bc", 2);
+  EXPECT_EQ(abc.HexDigest(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(RandomTest, CounterRngIsAPureFunctionOfKeyAndPosition) {
+  CounterRng a(HashKey(1, 2, 3)), b(HashKey(1, 2, 3)), c(HashKey(1, 2, 4));
+  for (int k = 0; k < 10; ++k) EXPECT_EQ(a(), b());
+  EXPECT_NE(CounterRng(HashKey(1, 2, 3))(), c());
+  CounterRng skip(HashKey(1, 2, 3), 5);
+  CounterRng walk(HashKey(1, 2, 3));
+  for (int k = 0; k < 5; ++k) walk();
+  EXPECT_EQ(skip(), walk());
+  double sum = 0;
+  CounterRng u(7);
+  for (int k = 0; k < 100000; ++k) {
+    const double x = u.NextDouble();
+    ASSERT_GE(x, 0.0);
+    ASSERT_LT(x, 1.0);
+    sum += x;
+  }
+  EXPECT_NEAR(sum / 100000, 0.5, 0.01);
+  for (int k = 0; k < 1000; ++k) EXPECT_LT(u.NextBelow(7), 7u);
+}
+
+TEST(RowInitTest, SameRowSameValuesWithinTheTableScale) {
+  RowInitializer init(3, 8, 8, 0.1f, {10, 400});
+  EXPECT_EQ(init.TableOf(0), 0);
+  EXPECT_EQ(init.TableOf(9), 0);
+  EXPECT_EQ(init.TableOf(10), 1);
+  std::vector<float> a(16), b(16);
+  init.Init(123, a.data());
+  init.Init(123, b.data());
+  EXPECT_EQ(a, b);
+  for (int c = 0; c < 8; ++c) EXPECT_LE(std::abs(a[c]), 0.05f);  // sqrt(1/400)
+  for (int c = 8; c < 16; ++c) EXPECT_EQ(a[c], 0.1f);
+  std::vector<float> other(16);
+  init.Init(124, other.data());
+  EXPECT_NE(a, other);
+  EXPECT_EQ(RowInitializer(4, 8, 8, 0.1f, {10, 400}).record_floats(), 16);
+}
+
+TEST(OptimizerTest, NamesAndStateSizes) {
+  EXPECT_EQ(*ParseOptimizerKind("adagrad"), OptimizerKind::kAdagrad);
+  EXPECT_EQ(*ParseOptimizerKind("rowwise-adagrad"), OptimizerKind::kRowwiseAdagrad);
+  EXPECT_FALSE(ParseOptimizerKind("adam").ok());
+  EXPECT_EQ(StateFloatsPerRow(OptimizerKind::kSgd, 16), 0);
+  EXPECT_EQ(StateFloatsPerRow(OptimizerKind::kAdagrad, 16), 16);
+  EXPECT_EQ(RecordFloats(OptimizerKind::kRowwiseAdagrad, 16), 17);
+}
+
+TEST(DeviceTest, CpuContextCopiesAndAllocates) {
+  auto context = DeviceContext::Cpu();
+  EXPECT_EQ(context->backend(), Backend::kCpu);
+  auto array = DeviceArray<float>::Create(context, 100);
+  ASSERT_TRUE(array.ok());
+  std::vector<float> host(100, 2.5f), back(100, 0);
+  ASSERT_TRUE(context->CopyToDevice(array->data(), host.data(), 400).ok());
+  ASSERT_TRUE(context->CopyToHost(back.data(), array->data(), 400).ok());
+  EXPECT_EQ(back, host);
+  ASSERT_TRUE(context->Zero(array->data(), 400).ok());
+  ASSERT_TRUE(context->CopyToHost(back.data(), array->data(), 400).ok());
+  EXPECT_EQ(back, std::vector<float>(100, 0));
+  EXPECT_TRUE(ParseBackend("cpu").ok());
+  EXPECT_FALSE(ParseBackend("tpu").ok());
+}
+
+TEST(DeviceTest, CudaIsEitherUsableOrCleanlyAbsent) {
+  if (CudaDeviceCount() == 0) {
+    EXPECT_FALSE(DeviceContext::Cuda(0).ok());
+    EXPECT_FALSE(CudaDeviceDescription(0).empty());
+    GTEST_SKIP() << "no CUDA device: " << CudaDeviceDescription(0);
+  }
+  auto context = DeviceContext::Cuda(0);
+  ASSERT_TRUE(context.ok()) << context.status();
+  auto array = DeviceArray<float>::Create(*context, 1 << 20);
+  ASSERT_TRUE(array.ok());
+  std::vector<float> host(1 << 20, 1.5f), back(1 << 20, 0);
+  ASSERT_TRUE((*context)->CopyToDevice(array->data(), host.data(), host.size() * 4).ok());
+  ASSERT_TRUE((*context)->CopyToHost(back.data(), array->data(), host.size() * 4).ok());
+  ASSERT_TRUE((*context)->Synchronize().ok());
+  EXPECT_EQ(back, host);
+}
+
+TEST(MetricsTest, JsonLinesAreOneObjectPerLine) {
+  const std::string path = ::testing::TempDir() + "/metrics.jsonl";
+  {
+    auto writer = JsonLinesWriter::Open(path);
+    ASSERT_TRUE(writer.ok());
+    (*writer)->Write({{"iteration", 1}, {"loss", 0.5}});
+    (*writer)->Write({{"iteration", 2}, {"loss", 0.25}});
+  }
+  std::ifstream in(path);
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    auto record = nlohmann::json::parse(line);
+    EXPECT_EQ(record["iteration"], ++lines);
+  }
+  EXPECT_EQ(lines, 2);
+  EXPECT_FALSE(JsonLinesWriter::Open("/nonexistent/dir/x.jsonl").ok());
+}
+
+TEST(TunablesTest, ListedWithDefaults) {
+  auto list = ListTunables();
+  ASSERT_FALSE(list.empty());
+  for (const auto& t : list) EXPECT_EQ(t.env.rfind("BAGPIPE_", 0), 0u) << t.env;
+}
+
+}  // namespace
+}  // namespace bagpipe
