@@ -38,14 +38,15 @@ absl::Status JobLayout::Validate(int world_size) const {
   if (servers < 1) return absl::InvalidArgumentError("--servers must be at least 1");
   if (trainers < 1) return absl::InvalidArgumentError("--trainers must be at least 1");
   if (trainers > 64) {
-    return absl::InvalidArgumentError("--trainers must be at most 64 (the oracle tracks row "
-                                      "holders in a 64-bit mask)");
+    return absl::InvalidArgumentError(
+        "--trainers must be at most 64 (the oracle tracks row "
+        "holders in a 64-bit mask)");
   }
   if (world_size > 0 && world_size != size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "mpirun started ", world_size, " ranks but --servers ", servers, " --trainers ", trainers,
-        " needs 1 + ", servers, " + ", trainers, " = ", size(),
-        " (rank 0 oracle, then the servers, then the trainers)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mpirun started ", world_size, " ranks but --servers ", servers,
+                     " --trainers ", trainers, " needs 1 + ", servers, " + ", trainers, " = ",
+                     size(), " (rank 0 oracle, then the servers, then the trainers)"));
   }
   return absl::OkStatus();
 }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-
 #include <cstring>
 
 #include "absl/strings/ascii.h"
@@ -17,7 +16,7 @@ namespace bagpipe {
 
 void Mailbox::Deliver(Message message, absl::Time deliver_at) {
   absl::MutexLock lock(&mu_);
-  queues_[{message.source, message.tag}].push_back({std::move(message), deliver_at});
+  queues_[{message.source, message.tag}].push_back({std::move(message), deliver_at, next_seq_++});
   cv_.SignalAll();
 }
 
@@ -41,14 +40,20 @@ absl::StatusOr<Message> Mailbox::Receive(int source, int tag, absl::Duration tim
       if (queue.empty()) return;
       const absl::Time at = queue.front().deliver_at;
       if (at <= now) {
-        if (best == nullptr || at < best->front().deliver_at) best = &queue;
+        // Earliest delivery first; among equals, the order of arrival (MPI's non-overtaking
+        // rule: a wildcard receive sees one sender's messages in the order they were sent).
+        if (best == nullptr || at < best->front().deliver_at ||
+            (at == best->front().deliver_at && queue.front().seq < best->front().seq)) {
+          best = &queue;
+        }
       } else {
         next_delivery = std::min(next_delivery, at);
       }
     };
     if (source == kAnySource || tag == kAnyTag) {
       for (auto& [key, queue] : queues_) {
-        if ((source == kAnySource || key.first == source) && (tag == kAnyTag || key.second == tag)) {
+        if ((source == kAnySource || key.first == source) &&
+            (tag == kAnyTag || key.second == tag)) {
           consider(queue);
         }
       }
@@ -110,8 +115,8 @@ absl::StatusOr<LinkModel> LinkModel::Parse(const std::string& text) {
   if (parts.size() == 2) {
     absl::Duration latency;
     if (!absl::ParseDuration(parts[1], &latency) || latency < absl::ZeroDuration()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--server-link '", text, "': latency must be a duration like 20us or 1ms"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--server-link '", text, "': latency must be a duration like 20us or 1ms"));
     }
     link.latency = latency;
   }
@@ -177,8 +182,9 @@ absl::Time InProcessHub::DeliveryTime(int source, int destination, size_t bytes)
   }
   const absl::Time now = absl::Now();
   const absl::Duration transfer =
-      link_.bytes_per_second > 0 ? absl::Seconds(static_cast<double>(bytes) / link_.bytes_per_second)
-                                 : absl::ZeroDuration();
+      link_.bytes_per_second > 0
+          ? absl::Seconds(static_cast<double>(bytes) / link_.bytes_per_second)
+          : absl::ZeroDuration();
   absl::MutexLock lock(&mu_);
   absl::Time& free_at = link_free_at_[{source, destination}];
   const absl::Time start = std::max(now, free_at);

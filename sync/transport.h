@@ -38,16 +38,17 @@ inline constexpr int kAnyTag = -1;
 
 // Message tags of the Bagpipe protocol.
 enum Tag : int {
-  kTagPlan = 1,           // oracle -> trainer: a serialised TrainerPlan (or end of stream)
-  kTagPlanCredit = 2,     // trainer -> oracle: one more plan may be sent
-  kTagFetchRequest = 3,   // trainer -> server
-  kTagFetchResponse = 4,  // server -> trainer
-  kTagWriteBack = 5,      // trainer -> server (every boundary, possibly empty: a watermark)
-  kTagGradients = 6,      // trainer <-> trainer: shared-row gradients
-  kTagDense = 7,          // trainer <-> trainer: dense all-reduce chunks
-  kTagControl = 8,        // shutdown, results, parameter dumps
+  kTagPlan = 1,             // oracle -> trainer: a serialised TrainerPlan (or end of stream)
+  kTagPlanCredit = 2,       // trainer -> oracle: one more plan may be sent
+  kTagFetchRequest = 3,     // trainer -> server
+  kTagFetchResponse = 4,    // server -> trainer
+  kTagWriteBack = 5,        // trainer -> server (every boundary, possibly empty: a watermark)
+  kTagGradients = 6,        // trainer <-> trainer: shared-row gradients needed next iteration
+  kTagGradientsLater = 10,  // trainer <-> trainer: shared-row gradients exchanged in background
+  kTagDense = 7,            // trainer <-> trainer: dense all-reduce chunks
+  kTagControl = 8,          // shutdown, results, parameter dumps
   kTagBarrier = 9,
-  kTagTest = 100,         // reserved for tests
+  kTagTest = 100,  // reserved for tests
 };
 
 struct Message {
@@ -90,6 +91,7 @@ class Mailbox {
   struct Pending {
     Message message;
     absl::Time deliver_at;
+    uint64_t seq;  // arrival order at this mailbox
   };
   const int rank_;
   // Guards the queues and the poison status; cv_ is signalled on every change.
@@ -98,6 +100,7 @@ class Mailbox {
   // Keyed by (source, tag); FIFO per key.
   absl::flat_hash_map<std::pair<int, int>, std::deque<Pending>> queues_ ABSL_GUARDED_BY(mu_);
   absl::Status poisoned_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Emulates a network link for messages to or from a set of ranks (the embedding servers), so

@@ -2,7 +2,8 @@
 // Values are copied in host byte order (all ranks of a job run on the same architecture).
 //
 //   WireWriter w;  w.Put<int64_t>(iteration);  w.PutVector(rows);  Bytes b = w.Take();
-//   WireReader r(b);  int64_t it;  RETURN_IF_ERROR(r.Get(&it));  RETURN_IF_ERROR(r.GetVector(&rows));
+//   WireReader r(b);  int64_t it;  RETURN_IF_ERROR(r.Get(&it));
+//   RETURN_IF_ERROR(r.GetVector(&rows));
 // A truncated or oversized buffer yields DataLoss naming the message, never a crash.
 #ifndef BAGPIPE_SYNC_WIRE_H_
 #define BAGPIPE_SYNC_WIRE_H_
@@ -109,7 +110,8 @@ class WireReader {
   bool done() const { return at_ == size_; }
   absl::Status ExpectDone() const {
     if (done()) return absl::OkStatus();
-    return absl::DataLossError(absl::StrCat(what_, ": ", size_ - at_, " unexpected trailing bytes"));
+    return absl::DataLossError(
+        absl::StrCat(what_, ": ", size_ - at_, " unexpected trailing bytes"));
   }
 
  private:

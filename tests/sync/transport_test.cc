@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sync/collectives.h"
 #include "sync/protocol.h"
 #include "sync/roles.h"
 
@@ -18,7 +19,8 @@ std::string Str(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
 TEST(InProcessTransportTest, MessagesBetweenAPairKeepTheirOrderPerTag) {
   InProcessHub hub(2);
-  for (int k = 0; k < 100; ++k) ASSERT_TRUE(hub.endpoint(0).Send(1, kTagTest, Text(std::to_string(k))).ok());
+  for (int k = 0; k < 100; ++k)
+    ASSERT_TRUE(hub.endpoint(0).Send(1, kTagTest, Text(std::to_string(k))).ok());
   ASSERT_TRUE(hub.endpoint(0).Send(1, kTagPlan, Text("plan")).ok());
   auto plan = hub.endpoint(1).Receive(0, kTagPlan, absl::Seconds(1));
   ASSERT_TRUE(plan.ok());
@@ -40,6 +42,23 @@ TEST(InProcessTransportTest, AnySourceAndAnyTagReceiveWhateverCame) {
   EXPECT_EQ(m->tag, kTagControl);
 }
 
+// MPI's non-overtaking rule: a wildcard receive sees one sender's messages in the order they
+// were sent, whatever their tags (the servers rely on a trainer's final write-back arriving
+// before its "done").
+TEST(InProcessTransportTest, WildcardReceivesKeepEachSendersOrderAcrossTags) {
+  InProcessHub hub(2);
+  const int tags[] = {kTagWriteBack, kTagControl, kTagFetchRequest, kTagPlan, kTagControl};
+  for (int k = 0; k < 200; ++k) {
+    ASSERT_TRUE(hub.endpoint(0).Send(1, tags[k % 5], Text(std::to_string(k))).ok());
+  }
+  for (int k = 0; k < 200; ++k) {
+    auto m = hub.endpoint(1).Receive(kAnySource, kAnyTag, absl::Seconds(1));
+    ASSERT_TRUE(m.ok());
+    EXPECT_EQ(Str(m->payload), std::to_string(k));
+    EXPECT_EQ(m->tag, tags[k % 5]);
+  }
+}
+
 TEST(InProcessTransportTest, ReceiveTimesOutNamingThePeer) {
   InProcessHub hub(2);
   auto m = hub.endpoint(1).Receive(0, kTagPlan, absl::Milliseconds(20));
@@ -51,9 +70,8 @@ TEST(InProcessTransportTest, ReceiveTimesOutNamingThePeer) {
 TEST(InProcessTransportTest, AbortWakesEveryWaiterWithTheReason) {
   InProcessHub hub(3);
   absl::Status seen;
-  std::thread waiter([&] {
-    seen = hub.endpoint(2).Receive(kAnySource, kTagPlan, absl::Seconds(30)).status();
-  });
+  std::thread waiter(
+      [&] { seen = hub.endpoint(2).Receive(kAnySource, kTagPlan, absl::Seconds(30)).status(); });
   hub.endpoint(1).Abort(absl::InternalError("trainer 0 failed"));
   waiter.join();
   EXPECT_THAT(std::string(seen.message()), HasSubstr("trainer 0 failed"));
@@ -134,6 +152,41 @@ TEST(JobLayoutTest, RanksAndValidation) {
   absl::Status wrong = layout.Validate(4);
   EXPECT_THAT(std::string(wrong.message()), HasSubstr("needs 1 + 2 + 3 = 6"));
   EXPECT_FALSE((JobLayout{0, 1}).Validate().ok());
+}
+
+}  // namespace
+}  // namespace bagpipe
+
+namespace bagpipe {
+namespace {
+
+TEST(CollectivesTest, AllReduceSumIsExactAndIdenticalOnEveryMember) {
+  for (int members : {2, 3, 5}) {
+    InProcessHub hub(members + 1);
+    const size_t count = 1003;
+    std::vector<std::vector<float>> data(members, std::vector<float>(count));
+    for (int m = 0; m < members; ++m) {
+      for (size_t k = 0; k < count; ++k) data[m][k] = 0.1f * (m + 1) + 1e-3f * k;
+    }
+    std::vector<std::thread> threads;
+    std::vector<absl::Status> results(members);
+    for (int m = 0; m < members; ++m) {
+      threads.emplace_back([&, m] {
+        Group group;
+        for (int r = 1; r <= members; ++r) group.ranks.push_back(r);
+        group.me = m;
+        results[m] =
+            AllReduceSum(hub.endpoint(m + 1), group, data[m].data(), count, absl::Seconds(10));
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int m = 0; m < members; ++m) ASSERT_TRUE(results[m].ok()) << results[m];
+    for (size_t k = 0; k < count; ++k) {
+      float expected = 0.0f;
+      for (int m = 0; m < members; ++m) expected += 0.1f * (m + 1) + 1e-3f * k;
+      for (int m = 0; m < members; ++m) ASSERT_EQ(data[m][k], expected) << m << " " << k;
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,36 @@
+// Collectives among a group of ranks over a Transport (the trainers' dense gradients and
+// loss sums on CPU ranks; GPU ranks use NCCL, sync/nccl_communicator.h).
+//
+// AllReduceSum is deterministic: the buffer is cut into one chunk per member; member c sums
+// chunk c over the members in group order, starting from +0.0f (acc = 0; acc += x_0; acc +=
+// x_1; ...), then every member receives every reduced chunk. The result is bit-identical on
+// every member and from run to run, and independent of message timing.
+#ifndef BAGPIPE_SYNC_COLLECTIVES_H_
+#define BAGPIPE_SYNC_COLLECTIVES_H_
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "sync/transport.h"
+
+namespace bagpipe {
+
+struct Group {
+  std::vector<int> ranks;  // members, in reduction order
+  int me = 0;              // index of the calling rank in `ranks`
+  int size() const { return static_cast<int>(ranks.size()); }
+};
+
+// In-place sum of `count` floats over the group. Every member must call it with the same
+// count, in the same order relative to its other AllReduceSum calls (messages use kTagDense).
+absl::Status AllReduceSum(Transport& transport, const Group& group, float* data, size_t count,
+                          absl::Duration timeout);
+
+// Every member waits until all members reached the barrier.
+absl::Status Barrier(Transport& transport, const Group& group, absl::Duration timeout);
+
+}  // namespace bagpipe
+
+#endif  // BAGPIPE_SYNC_COLLECTIVES_H_
