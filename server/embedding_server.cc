@@ -22,9 +22,9 @@ absl::Status EmbeddingServer::HandleWriteBack(int trainer, const WriteBack& writ
         trainer, write_back.stamp, write_back.rows.size(), write_back.records.size(), rf));
   }
   if (write_back.stamp < watermarks_[trainer]) {
-    return absl::DataLossError(absl::StrFormat(
-        "write-back from trainer %d stamped %d arrived after one stamped %d", trainer,
-        write_back.stamp, watermarks_[trainer]));
+    return absl::DataLossError(
+        absl::StrFormat("write-back from trainer %d stamped %d arrived after one stamped %d",
+                        trainer, write_back.stamp, watermarks_[trainer]));
   }
   for (size_t k = 0; k < write_back.rows.size(); ++k) {
     const RowId row = write_back.rows[k];
@@ -130,6 +130,7 @@ absl::Status RunServer(Transport& transport, const JobLayout& layout, int server
   EmbeddingServer server(options, layout.trainers);
   const std::string me = layout.Describe(transport.rank());
   int done = 0;
+  std::vector<int> collect_from;  // ranks that asked for the rows, answered once all are done
   bool stop = false;
   auto fail = [&](absl::Status status) {
     status = Annotate(status, me);
@@ -144,8 +145,7 @@ absl::Status RunServer(Transport& transport, const JobLayout& layout, int server
     return absl::OkStatus();
   };
   while (!stop) {
-    absl::StatusOr<Message> message =
-        transport.Receive(kAnySource, kAnyTag, options.peer_timeout);
+    absl::StatusOr<Message> message = transport.Receive(kAnySource, kAnyTag, options.peer_timeout);
     if (!message.ok()) {
       if (absl::IsDeadlineExceeded(message.status())) {
         return fail(absl::DeadlineExceededError(absl::StrFormat(
@@ -184,9 +184,10 @@ absl::Status RunServer(Transport& transport, const JobLayout& layout, int server
         if (kind == ControlKind::kDone) {
           ++done;
         } else if (kind == ControlKind::kCollect) {
-          if (absl::Status s = StreamRows(transport, source, server.store()); !s.ok()) {
-            return fail(s);
-          }
+          // Messages from different ranks are not ordered: a trainer's final write-back may
+          // still be on its way when the collector asks. Every trainer sends kDone after its
+          // final write-back, so the rows are complete once all of them are done.
+          collect_from.push_back(source);
         } else if (kind == ControlKind::kStop) {
           stop = true;
         } else {
@@ -198,10 +199,18 @@ absl::Status RunServer(Transport& transport, const JobLayout& layout, int server
         return fail(absl::DataLossError(
             absl::StrCat("unexpected message tag ", message->tag, " from rank ", source)));
     }
+    if (done == layout.trainers && !collect_from.empty()) {
+      for (int collector : collect_from) {
+        if (absl::Status s = StreamRows(transport, collector, server.store()); !s.ok()) {
+          return fail(s);
+        }
+      }
+      collect_from.clear();
+    }
   }
   if (server.waiting() > 0) {
-    return fail(absl::InternalError(absl::StrCat("stopped with ", server.waiting(),
-                                                 " fetches never served")));
+    return fail(absl::InternalError(
+        absl::StrCat("stopped with ", server.waiting(), " fetches never served")));
   }
   if (stats_out != nullptr) *stats_out = server.stats();
   return absl::OkStatus();
@@ -238,8 +247,8 @@ absl::Status CollectRows(Transport& transport, const JobLayout& layout, int reco
     return absl::OkStatus();
   };
   for (int s = 0; s < layout.servers; ++s) {
-    RETURN_IF_ERROR(transport.Send(layout.server_rank(s), kTagControl,
-                                   EncodeControl(ControlKind::kCollect)));
+    RETURN_IF_ERROR(
+        transport.Send(layout.server_rank(s), kTagControl, EncodeControl(ControlKind::kCollect)));
   }
   using Head = std::pair<RowId, int>;
   std::priority_queue<Head, std::vector<Head>, std::greater<>> heads;

@@ -48,8 +48,8 @@ void RowStore::ForEachSorted(const std::function<void(RowId, const float*)>& fn)
 
 int64_t RowStore::bytes() const {
   const int64_t slab = static_cast<int64_t>(chunks_.size()) * kChunkRows * record_floats_ * 4;
-  const int64_t map = static_cast<int64_t>(index_.capacity()) *
-                      (sizeof(std::pair<RowId, uint32_t>) + 1);
+  const int64_t map =
+      static_cast<int64_t>(index_.capacity()) * (sizeof(std::pair<RowId, uint32_t>) + 1);
   return slab + map + static_cast<int64_t>(stamps_.capacity() * sizeof(Iteration));
 }
 

@@ -14,7 +14,9 @@ using ::testing::HasSubstr;
 
 constexpr int kDim = 4;
 
-RowInitializer Init() { return RowInitializer(/*seed=*/9, kDim, /*state_floats=*/1, 0.5f, {100, 1000}); }
+RowInitializer Init() {
+  return RowInitializer(/*seed=*/9, kDim, /*state_floats=*/1, 0.5f, {100, 1000});
+}
 
 std::vector<float> Record(float value) { return std::vector<float>(kDim + 1, value); }
 
@@ -125,11 +127,13 @@ TEST(RunServerTest, ServesOverTheTransportAndCollectsSortedAcrossShards) {
     wb.records.insert(wb.records.end(), record.begin(), record.end());
   }
   for (int s = 0; s < layout.servers; ++s) {
-    ASSERT_TRUE(trainer.Send(layout.server_rank(s), kTagWriteBack, EncodeWriteBack(per_server[s])).ok());
-    ASSERT_TRUE(trainer.Send(layout.server_rank(s), kTagFetchRequest,
-                             EncodeFetchRequest(FetchRequest{static_cast<uint64_t>(s), 2,
-                                                             per_server[s].rows,
-                                                             std::vector<Iteration>(per_server[s].rows.size(), 1)}))
+    ASSERT_TRUE(
+        trainer.Send(layout.server_rank(s), kTagWriteBack, EncodeWriteBack(per_server[s])).ok());
+    ASSERT_TRUE(trainer
+                    .Send(layout.server_rank(s), kTagFetchRequest,
+                          EncodeFetchRequest(
+                              FetchRequest{static_cast<uint64_t>(s), 2, per_server[s].rows,
+                                           std::vector<Iteration>(per_server[s].rows.size(), 1)}))
                     .ok());
   }
   for (int s = 0; s < layout.servers; ++s) {
@@ -140,7 +144,8 @@ TEST(RunServerTest, ServesOverTheTransportAndCollectsSortedAcrossShards) {
     EXPECT_EQ(response->records, per_server[s].records);
   }
   for (int s = 0; s < layout.servers; ++s) {
-    ASSERT_TRUE(trainer.Send(layout.server_rank(s), kTagControl, EncodeControl(ControlKind::kDone)).ok());
+    ASSERT_TRUE(
+        trainer.Send(layout.server_rank(s), kTagControl, EncodeControl(ControlKind::kDone)).ok());
   }
   std::vector<RowId> collected;
   ASSERT_TRUE(CollectRows(hub.endpoint(0), layout, kDim + 1, absl::Seconds(10),
