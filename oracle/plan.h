@@ -82,6 +82,8 @@ struct TrainerPlan {
   // sparse ids replaced by indices into unique_rows.
   int64_t first_sample = 0;
   int32_t num_samples = 0;
+  // Samples of the whole global batch (all trainers): the loss scale is 1 / global_samples.
+  int32_t global_samples = 0;
   int32_t num_dense = 0;
   int32_t num_tables = 0;
   std::vector<float> labels;

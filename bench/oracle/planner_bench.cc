@@ -1,0 +1,142 @@
+// Planner throughput on a Criteo-Kaggle-like stream (DESIGN.md, "Targets"): the 26 Kaggle
+// tables at their real sizes (data/synthetic.h), Zipf alpha 1.05, global batches of 16384
+// samples, lookahead L = 200, cache capacity 5% of all rows per trainer.
+//
+// BM_PlanBatch/threads:P/trainers:T measures one steady-state Push (the window is full, so one
+// batch enters and one iteration is planned and released) plus its Pop, on P TBB threads
+// (0 = all cores). Batch generation and the destruction of popped plans are excluded.
+// Counters: ms_per_batch, ids_per_s, peak_rss_mb (getrusage), hit_rate, misses_per_batch,
+// tracked_rows (per-trainer row records: the window's distinct rows plus the cached ones),
+// entry_ms and plan_ms (the planner's own split of a batch's time: entering the batch into the
+// window vs planning an iteration).
+#include <sys/resource.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "data/synthetic.h"
+#include "oracle/planner.h"
+#include "tbb/global_control.h"
+#include "tbb/info.h"
+
+namespace bagpipe {
+namespace {
+
+constexpr int64_t kBatchSize = 16384;
+constexpr int kLookahead = 200;
+constexpr int kMeasuredBatches = 40;
+
+double PeakRssMb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;
+}
+
+void BM_PlanBatch(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const int trainers = static_cast<int>(state.range(1));
+  tbb::global_control control(tbb::global_control::max_allowed_parallelism,
+                              threads > 0 ? threads : tbb::info::default_concurrency());
+
+  SyntheticConfig config;  // Kaggle tables, alpha 1.05, one-hot
+  config.samples = kBatchSize * (kLookahead + 16 + kMeasuredBatches + 8);
+  auto source = OpenSynthetic(config, SourceOptions{});
+  if (!source.ok()) {
+    state.SkipWithError(std::string(source.status().message()).c_str());
+    return;
+  }
+  PlannerOptions options;
+  options.schema = (*source)->schema();
+  options.num_trainers = trainers;
+  options.capacity = options.schema.TotalRows() / 20;
+  options.lookahead = kLookahead;
+  options.policy = CachePolicy::kOracle;
+  auto planner = Planner::Create(options);
+  if (!planner.ok()) {
+    state.SkipWithError(std::string(planner.status().message()).c_str());
+    return;
+  }
+
+  Batch batch;
+  std::vector<std::vector<TrainerPlan>> popped;
+  auto push_and_pop = [&]() -> bool {
+    if (!(*planner)->Push(std::move(batch)).ok()) return false;
+    while (true) {
+      auto plans = (*planner)->Pop();
+      if (!plans.ok()) return false;
+      if (!plans->has_value()) return true;
+      popped.push_back(std::move(**plans));
+    }
+  };
+  auto next_batch = [&]() { return (*source)->Read(kBatchSize, &batch).ok(); };
+
+  // Fill the window: from here on every Push plans and releases one iteration.
+  for (int b = 0; b < kLookahead + options.emit_lag + 4; ++b) {
+    if (!next_batch() || !push_and_pop()) {
+      state.SkipWithError("warm-up failed");
+      return;
+    }
+    popped.clear();
+  }
+  const PlannerStats before = (*planner)->stats();
+
+  int64_t ids = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    popped.clear();
+    const bool ok = next_batch();
+    ids += batch.num_ids();
+    state.ResumeTiming();
+    if (!ok || !push_and_pop()) {
+      state.SkipWithError("push failed");
+      return;
+    }
+  }
+  const PlannerStats after = (*planner)->stats();
+  const double iterations = static_cast<double>(after[PlannerCounter::kIterations] -
+                                                before[PlannerCounter::kIterations]);
+  const double unique = static_cast<double>(after[PlannerCounter::kUniqueRows] -
+                                            before[PlannerCounter::kUniqueRows]);
+  const double hits =
+      static_cast<double>(after[PlannerCounter::kHits] - before[PlannerCounter::kHits]);
+  const double misses =
+      static_cast<double>(after[PlannerCounter::kMisses] - before[PlannerCounter::kMisses]);
+  state.counters["ids_per_s"] = benchmark::Counter(static_cast<double>(ids),
+                                                   benchmark::Counter::kIsRate);
+  state.counters["ms_per_batch"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) / 1e3,
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["peak_rss_mb"] = PeakRssMb();
+  state.counters["hit_rate"] = unique > 0 ? hits / unique : 0;
+  state.counters["misses_per_batch"] = iterations > 0 ? misses / iterations : 0;
+  state.counters["tracked_rows"] = static_cast<double>(after.tracked_rows);
+  // Where the time goes: entering batches (dedup, next-use links) vs planning iterations.
+  state.counters["entry_ms"] =
+      iterations > 0 ? (after.entry_seconds - before.entry_seconds) * 1e3 / iterations : 0;
+  state.counters["plan_ms"] =
+      iterations > 0 ? (after.plan_seconds - before.plan_seconds) * 1e3 / iterations : 0;
+  for (int k = 1; k < kNumPlannerPhases; ++k) {
+    const double seconds = after.phase_seconds[k] - before.phase_seconds[k];
+    state.counters[std::string(PlannerPhaseName(static_cast<PlannerPhase>(k))) + "_ms"] =
+        iterations > 0 ? seconds * 1e3 / iterations : 0;
+  }
+}
+
+BENCHMARK(BM_PlanBatch)
+    ->ArgNames({"threads", "trainers"})
+    ->Args({1, 1})
+    ->Args({0, 1})
+    ->Args({1, 4})
+    ->Args({0, 4})
+    ->Iterations(kMeasuredBatches)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace bagpipe
+
+BENCHMARK_MAIN();

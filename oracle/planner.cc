@@ -1,0 +1,670 @@
+#include "oracle/planner.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status.h"
+#include "core/timer.h"
+#include "oracle/planner_impl.h"
+#include "tbb/blocked_range.h"
+#include "tbb/parallel_for.h"
+
+namespace bagpipe {
+
+using oracle_internal::kNoHandle;
+using oracle_internal::Segment;
+using oracle_internal::TableTrack;
+using oracle_internal::TrainerCache;
+using oracle_internal::TrainerRow;
+using oracle_internal::TrainerSlice;
+using oracle_internal::WindowBatch;
+
+namespace {
+
+constexpr std::pair<std::string_view, CachePolicy> kPolicyNames[] = {
+    {"oracle", CachePolicy::kOracle}, {"lru", CachePolicy::kLru},
+    {"lfu", CachePolicy::kLfu},       {"off", CachePolicy::kOff},
+    {"device", CachePolicy::kDevice},
+};
+
+constexpr std::string_view kCounterNames[kNumPlannerCounters] = {
+    "iterations", "ids",     "unique_rows",    "hits",         "misses",
+    "evictions",  "write_backs", "flushes",    "shared_rows",  "exchanged_rows",
+    "private_rows", "drain_write_backs",
+};
+
+constexpr std::string_view kPhaseNames[kNumPlannerPhases] = {
+    "entry", "classify", "victims", "apply", "consistency", "assemble", "release",
+};
+
+// Runs body(trainer, table) for every pair, in parallel.
+template <typename Body>
+void ForEachTrainerTable(int trainers, int tables, const Body& body) {
+  tbb::parallel_for(tbb::blocked_range<int>(0, trainers * tables, 1),
+                    [&](const tbb::blocked_range<int>& range) {
+                      for (int k = range.begin(); k != range.end(); ++k) {
+                        body(k / tables, k % tables);
+                      }
+                    });
+}
+
+template <typename Body>
+void ForEach(int count, const Body& body) {
+  tbb::parallel_for(tbb::blocked_range<int>(0, count, 1),
+                    [&](const tbb::blocked_range<int>& range) {
+                      for (int k = range.begin(); k != range.end(); ++k) body(k);
+                    });
+}
+
+}  // namespace
+
+absl::StatusOr<CachePolicy> ParseCachePolicy(std::string_view name) {
+  for (const auto& [text, policy] : kPolicyNames) {
+    if (name == text) return policy;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown cache policy \"", std::string(name),
+                   "\"; expected one of: oracle, lru, lfu, off, device"));
+}
+
+std::string_view CachePolicyName(CachePolicy policy) {
+  for (const auto& [text, p] : kPolicyNames) {
+    if (p == policy) return text;
+  }
+  return "unknown";
+}
+
+std::string_view PlannerCounterName(PlannerCounter counter) {
+  const int k = static_cast<int>(counter);
+  return k >= 0 && k < kNumPlannerCounters ? kCounterNames[k] : "unknown";
+}
+
+std::string_view PlannerPhaseName(PlannerPhase phase) {
+  const int k = static_cast<int>(phase);
+  return k >= 0 && k < kNumPlannerPhases ? kPhaseNames[k] : "unknown";
+}
+
+double PlannerStats::mean_iteration_ms() const {
+  const int64_t iterations = (*this)[PlannerCounter::kIterations];
+  return iterations > 0 ? (entry_seconds + plan_seconds) * 1e3 / static_cast<double>(iterations)
+                        : 0.0;
+}
+
+nlohmann::json PlannerStats::ToJson() const {
+  nlohmann::json json = nlohmann::json::object();
+  for (int k = 0; k < kNumPlannerCounters; ++k) {
+    json[std::string(kCounterNames[k])] = counters[k];
+  }
+  const int64_t unique = (*this)[PlannerCounter::kUniqueRows];
+  json["hit_rate"] =
+      unique > 0 ? static_cast<double>((*this)[PlannerCounter::kHits]) / unique : 0.0;
+  json["entry_seconds"] = entry_seconds;
+  json["plan_seconds"] = plan_seconds;
+  json["mean_iteration_ms"] = mean_iteration_ms();
+  json["max_iteration_ms"] = max_iteration_ms;
+  nlohmann::json phases = nlohmann::json::object();
+  for (int k = 0; k < kNumPlannerPhases; ++k) phases[std::string(kPhaseNames[k])] = phase_seconds[k];
+  json["phase_seconds"] = std::move(phases);
+  json["tracked_rows"] = tracked_rows;
+  json["global_rows"] = global_rows;
+  json["resident_rows"] = resident_rows;
+  return json;
+}
+
+Planner::Impl::Impl(PlannerOptions options) : options_(std::move(options)) {}
+
+absl::Status Planner::Impl::Init() {
+  const PlannerOptions& o = options_;
+  if (o.num_trainers < 1 || o.num_trainers > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_trainers must be in [1, 64], got ", o.num_trainers));
+  }
+  if (o.lookahead < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("lookahead must be >= 1, got ", o.lookahead));
+  }
+  if (o.emit_lag < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("emit_lag must be >= 1, got ", o.emit_lag));
+  }
+  if (o.writeback_horizon < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("writeback_horizon must be >= 0 (0 = default), got ", o.writeback_horizon));
+  }
+  if (o.schema.num_tables() < 1 ||
+      o.schema.table_rows.size() != static_cast<size_t>(o.schema.num_tables())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the schema needs at least one table and one row count per table (",
+                     o.schema.num_tables(), " tables, ", o.schema.table_rows.size(),
+                     " row counts)"));
+  }
+  if (o.schema.num_tables() > std::numeric_limits<int16_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("at most ", std::numeric_limits<int16_t>::max(),
+                                                   " tables, got ", o.schema.num_tables()));
+  }
+  for (int t = 0; t < o.schema.num_tables(); ++t) {
+    if (o.schema.table_rows[t] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("table ", o.schema.table_names[t],
+                                                     " has a negative row count"));
+    }
+  }
+  constexpr int64_t kMaxSlots = std::numeric_limits<SlotId>::max();
+  if (o.policy == CachePolicy::kDevice) {
+    if (o.schema.TotalRows() > kMaxSlots) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device mode uses RowIds as slots; ", o.schema.TotalRows(),
+                       " rows exceed the slot range (", kMaxSlots, ")"));
+    }
+    capacity_ = o.schema.TotalRows();
+  } else {
+    if (o.capacity < 1 || o.capacity > kMaxSlots) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cache capacity must be in [1, ", kMaxSlots, "] rows, got ", o.capacity));
+    }
+    capacity_ = o.capacity;
+  }
+
+  trainers_ = o.num_trainers;
+  tables_ = o.schema.num_tables();
+  lookahead_ = o.policy == CachePolicy::kOracle ? o.lookahead : 1;
+  emit_lag_ = o.emit_lag;
+  horizon_ = o.writeback_horizon > 0 ? o.writeback_horizon : kDefaultWritebackHorizon;
+  table_offsets_ = o.schema.TableOffsets();
+
+  window_.resize(static_cast<size_t>(lookahead_ + emit_lag_ + 2));
+  for (WindowBatch& wb : window_) {
+    wb.trainers.resize(trainers_);
+    for (TrainerSlice& slice : wb.trainers) slice.tables.resize(tables_);
+    wb.now.resize(tables_);
+  }
+  if (o.policy != CachePolicy::kDevice) {
+    caches_.resize(trainers_);
+    // A cache never holds more rows than the tables have: larger capacities need no more slots.
+    const size_t cap = static_cast<size_t>(
+        std::min<int64_t>(capacity_, std::max<int64_t>(1, o.schema.TotalRows())));
+    for (TrainerCache& c : caches_) {
+      c.slots.resize(cap);
+      c.free_slots.resize(cap);
+      for (size_t s = 0; s < cap; ++s) c.free_slots[s] = static_cast<SlotId>(cap - 1 - s);
+      c.tables.resize(tables_);
+      for (int t = 0; t < tables_; ++t) {
+        TableTrack& track = c.tables[t];
+        track.rows.Init(o.schema.table_rows[t], o.dense_index_max_rows);
+        track.buckets.resize(static_cast<size_t>(lookahead_ + 1));
+      }
+    }
+  }
+  globals_.resize(tables_);
+  for (int t = 0; t < tables_; ++t) {
+    if (o.policy == CachePolicy::kDevice) {
+      globals_[t].device_dirty.assign(static_cast<size_t>(o.schema.table_rows[t] + 63) / 64, 0);
+    } else if (trainers_ > 1) {
+      globals_[t].index.Init(o.schema.table_rows[t], o.dense_index_max_rows);
+    }
+  }
+  sync_.resize(tables_);
+  for (oracle_internal::TableSync& s : sync_) {
+    s.private_rows.resize(trainers_);
+    s.shared.resize(trainers_);
+    s.send.resize(trainers_);
+    s.recv.resize(trainers_);
+    s.own.resize(trainers_);
+    s.qs.resize(trainers_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Planner::Impl::Push(Batch batch) {
+  RETURN_IF_ERROR(status_);
+  if (finished_) return absl::FailedPreconditionError("Planner::Push after Finish");
+  absl::Status status = Enter(std::move(batch));
+  while (status.ok() && next_plan_ + lookahead_ <= pushed_) status = PlanNext();
+  status_ = status;
+  return status;
+}
+
+absl::Status Planner::Impl::Finish() {
+  RETURN_IF_ERROR(status_);
+  if (finished_) return absl::FailedPreconditionError("Planner::Finish called twice");
+  finished_ = true;
+  absl::Status status;
+  while (status.ok() && next_plan_ < pushed_) status = PlanNext();
+  status_ = status;
+  RETURN_IF_ERROR(status);
+  if (next_plan_ > 0) {
+    // The Drain plans extract every row at the boundary after the last iteration.
+    for (std::vector<uint8_t>& flags : window(next_plan_ - 1).now) {
+      std::fill(flags.begin(), flags.end(), 1);
+    }
+  }
+  while (next_release_ < next_plan_) Release(next_release_++);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<std::vector<TrainerPlan>>> Planner::Impl::Pop() {
+  RETURN_IF_ERROR(status_);
+  if (ready_.empty()) return std::optional<std::vector<TrainerPlan>>();
+  std::vector<TrainerPlan> plans = std::move(ready_.front());
+  ready_.pop_front();
+  return std::optional<std::vector<TrainerPlan>>(std::move(plans));
+}
+
+absl::StatusOr<std::vector<TrainerPlan>> Planner::Impl::Drain() {
+  RETURN_IF_ERROR(status_);
+  if (!finished_ || !ready_.empty()) {
+    return absl::FailedPreconditionError(
+        "Planner::Drain needs Finish() and every iteration popped first");
+  }
+  if (drained_) return absl::FailedPreconditionError("Planner::Drain called twice");
+  drained_ = true;
+  return options_.policy == CachePolicy::kDevice ? DrainDevice() : DrainCaches();
+}
+
+PlannerStats Planner::Impl::stats() const {
+  PlannerStats stats = stats_;
+  stats.tracked_rows = 0;
+  stats.resident_rows = 0;
+  for (const TrainerCache& c : caches_) {
+    stats.resident_rows += c.resident;
+    for (const TableTrack& track : c.tables) stats.tracked_rows += track.rows.size();
+  }
+  stats.global_rows = 0;
+  for (const oracle_internal::GlobalTable& g : globals_) stats.global_rows += g.rows.live();
+  if (options_.policy == CachePolicy::kDevice) stats.resident_rows = capacity_ * trainers_;
+  return stats;
+}
+
+absl::Status Planner::Impl::Enter(Batch batch) {
+  const Iteration k = pushed_;
+  const std::string where =
+      absl::StrCat("batch ", k, " (first sample ", batch.first_sample, ")");
+  if (k >= std::numeric_limits<int32_t>::max() - lookahead_ - emit_lag_ - 2) {
+    return absl::OutOfRangeError(absl::StrCat(where, ": the planner counts iterations in 31 bits"));
+  }
+  if (batch.num_tables != tables_) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " has ", batch.num_tables,
+                                                   " tables; the schema has ", tables_));
+  }
+  if (batch.num_dense != options_.schema.num_dense()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " has ", batch.num_dense,
+                                                   " dense features; the schema has ",
+                                                   options_.schema.num_dense()));
+  }
+  const int64_t n = batch.num_samples;
+  if (n < 0 || batch.offsets.size() != static_cast<size_t>(tables_ * n + 1) ||
+      batch.offsets[0] != 0 || batch.ids.size() != static_cast<size_t>(batch.offsets.back())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": malformed sparse layout (", n, " samples, ", batch.offsets.size(),
+                     " offsets, ", batch.ids.size(), " ids)"));
+  }
+  if (options_.build_batch &&
+      (batch.labels.size() != static_cast<size_t>(n) ||
+       batch.dense.size() != static_cast<size_t>(n * batch.num_dense))) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", batch.labels.size(),
+                                                   " labels and ", batch.dense.size(),
+                                                   " dense values for ", n, " samples"));
+  }
+  Stopwatch watch;
+  WindowBatch& wb = window(k);
+  wb.iteration = k;
+  wb.ids = batch.num_ids();
+  for (std::vector<uint8_t>& flags : wb.now) flags.clear();
+  for (int t = 0; t < trainers_; ++t) {
+    TrainerSlice& slice = wb.trainers[t];
+    slice.plan = TrainerPlan{};
+    slice.shared_flags.clear();
+    TrainerPlan& plan = slice.plan;
+    const ShardRange range = ShardOf(batch.num_samples, trainers_, t);
+    plan.iteration = k;
+    plan.trainer = t;
+    plan.num_trainers = trainers_;
+    plan.first_sample = batch.first_sample + range.begin;
+    plan.num_samples = range.end - range.begin;
+    plan.global_samples = batch.num_samples;
+    plan.num_dense = batch.num_dense;
+    plan.num_tables = tables_;
+    int64_t first_id = 0;
+    for (int tb = 0; tb < tables_; ++tb) {
+      Segment& seg = slice.tables[tb];
+      const int64_t begin = batch.offsets[tb * n + range.begin];
+      const int64_t end = batch.offsets[tb * n + range.end];
+      if (begin < 0 || end < begin || end > batch.num_ids()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": offsets of table ",
+                                                       options_.schema.table_names[tb],
+                                                       " are out of order"));
+      }
+      seg.first_id = first_id;
+      seg.id_count = end - begin;
+      first_id += seg.id_count;
+    }
+    if (options_.build_batch) plan.unique_index.resize(static_cast<size_t>(first_id));
+  }
+
+  // Nothing of the planner's state changes before the batch is known to be good.
+  std::vector<absl::Status> errors(static_cast<size_t>(trainers_ * tables_));
+  ForEachTrainerTable(trainers_, tables_, [&](int t, int tb) {
+    errors[static_cast<size_t>(tb * trainers_ + t)] = Validate(t, tb, batch, k);
+  });
+  for (const absl::Status& status : errors) RETURN_IF_ERROR(status);
+  const bool device = options_.policy == CachePolicy::kDevice;
+  ForEachTrainerTable(trainers_, tables_, [&](int t, int tb) {
+    if (device) {
+      Dedup(t, tb, batch, wb);
+    } else {
+      Link(t, tb, batch, wb);
+    }
+  });
+  for (int t = 0; t < trainers_; ++t) {
+    TrainerSlice& slice = wb.trainers[t];
+    int32_t total = 0;
+    for (Segment& seg : slice.tables) {
+      seg.first_unique = total;
+      total += static_cast<int32_t>(seg.rows.size());
+    }
+    if (total > capacity_) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "iteration %d, trainer %d: batch working set %d rows exceeds cache capacity %d rows; "
+          "raise --cache-rows or lower --batch-size",
+          k, t, total, capacity_));
+    }
+    slice.plan.unique_rows.resize(static_cast<size_t>(total));
+    slice.plan.unique_slots.resize(static_cast<size_t>(total));
+  }
+  ForEachTrainerTable(trainers_, tables_, [&](int t, int tb) {
+    TrainerSlice& slice = wb.trainers[t];
+    const Segment& seg = slice.tables[tb];
+    std::copy(seg.rows.begin(), seg.rows.end(), slice.plan.unique_rows.begin() + seg.first_unique);
+    if (options_.build_batch && seg.first_unique != 0) {
+      uint32_t* index = slice.plan.unique_index.data() + seg.first_id;
+      const uint32_t base = static_cast<uint32_t>(seg.first_unique);
+      for (int64_t j = 0; j < seg.id_count; ++j) index[j] += base;
+    }
+  });
+  if (options_.build_batch) BuildLocalBatch(batch, wb);
+
+  ++pushed_;
+  wb.entry_seconds = watch.Seconds();
+  stats_.entry_seconds += wb.entry_seconds;
+  stats_.phase_seconds[static_cast<int>(PlannerPhase::kEntry)] += wb.entry_seconds;
+  return absl::OkStatus();
+}
+
+absl::Status Planner::Impl::Validate(int trainer, int table, const Batch& batch,
+                                     Iteration iteration) const {
+  const ShardRange range = ShardOf(batch.num_samples, trainers_, trainer);
+  const int64_t* offsets = batch.offsets.data() + table * static_cast<int64_t>(batch.num_samples);
+  for (int32_t s = range.begin; s < range.end; ++s) {
+    if (offsets[s + 1] < offsets[s]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch ", iteration, ": offsets decrease at sample ", batch.first_sample + s,
+          ", table ", options_.schema.table_names[table]));
+    }
+  }
+  const uint64_t rows = static_cast<uint64_t>(options_.schema.table_rows[table]);
+  const int64_t* ids = batch.ids.data();
+  bool bad = false;
+  for (int64_t j = offsets[range.begin]; j < offsets[range.end]; ++j) {
+    bad |= static_cast<uint64_t>(ids[j]) >= rows;
+  }
+  if (!bad) return absl::OkStatus();
+  for (int32_t s = range.begin; s < range.end; ++s) {
+    for (int64_t j = offsets[s]; j < offsets[s + 1]; ++j) {
+      if (static_cast<uint64_t>(ids[j]) >= rows) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "batch ", iteration, ": sample ", batch.first_sample + s, ", table ",
+            options_.schema.table_names[table], ": id ", ids[j], " is outside [0, ", rows, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Planner::Impl::Dedup(int trainer, int table, const Batch& batch, WindowBatch& wb) {
+  TrainerSlice& slice = wb.trainers[trainer];
+  Segment& seg = slice.tables[table];
+  seg.rows.clear();
+  const ShardRange range = ShardOf(batch.num_samples, trainers_, trainer);
+  const int64_t* offsets = batch.offsets.data() + table * static_cast<int64_t>(batch.num_samples);
+  const int64_t begin = offsets[range.begin];
+  const int64_t end = offsets[range.end];
+  const RowId base = table_offsets_[table];
+  uint32_t* out = options_.build_batch ? slice.plan.unique_index.data() + seg.first_id : nullptr;
+  oracle_internal::BatchDedup& dedup = dedup_.local();
+  dedup.Reset(static_cast<size_t>(end - begin));
+  for (int64_t j = begin; j < end; ++j) {
+    const int64_t id = batch.ids[j];
+    bool inserted;
+    const int32_t pos = dedup.Insert(id, &inserted);
+    if (inserted) seg.rows.push_back(base + static_cast<RowId>(id));
+    if (out != nullptr) out[j - begin] = static_cast<uint32_t>(pos);
+  }
+}
+
+void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch& wb) {
+  TrainerSlice& slice = wb.trainers[trainer];
+  Segment& seg = slice.tables[table];
+  TrainerCache& cache = caches_[trainer];
+  TableTrack& track = cache.tables[table];
+  seg.rows.clear();
+  const ShardRange range = ShardOf(batch.num_samples, trainers_, trainer);
+  const int64_t* offsets = batch.offsets.data() + table * static_cast<int64_t>(batch.num_samples);
+  const int64_t begin = offsets[range.begin];
+  const int64_t end = offsets[range.end];
+  const Iteration k = wb.iteration;
+  const int32_t k32 = static_cast<int32_t>(k);
+  const RowId base = table_offsets_[table];
+  const bool revive = queued_policy();
+  uint32_t* out = options_.build_batch ? slice.plan.unique_index.data() + seg.first_id : nullptr;
+  const int64_t* ids = batch.ids.data();
+  oracle_internal::RowTable<TrainerRow>& rows = track.rows;
+  rows.Reserve(static_cast<size_t>(end - begin));  // records stay put during the loop
+  // Next-use links land at random in the arena: each store is delayed by kDelay links and its
+  // line prefetched for writing meanwhile, so the loop does not wait for the misses.
+  constexpr int kDelay = 16;
+  struct PendingLink {
+    int32_t* at;
+    int32_t distance;
+  };
+  PendingLink pending[kDelay];
+  int pending_count = 0;
+  int pending_head = 0;
+  auto link = [&](int32_t* at, int32_t distance) {
+    __builtin_prefetch(at, 1);
+    if (pending_count == kDelay) {
+      *pending[pending_head].at = pending[pending_head].distance;
+      pending[pending_head] = {at, distance};
+      pending_head = (pending_head + 1) % kDelay;
+    } else {
+      pending[(pending_head + pending_count++) % kDelay] = {at, distance};
+    }
+  };
+  constexpr int64_t kAhead = 16;
+  for (int64_t j = begin; j < end; ++j) {
+    if (j + kAhead < end) rows.Prefetch(ids[j + kAhead]);
+    const int64_t id = ids[j];
+    bool inserted;
+    TrainerRow& row = rows.FindOrInsert(id, &inserted);
+    if (inserted) rows.CountInsert();
+    int32_t pos;
+    if (row.last_occ == k32) {
+      pos = row.last_pos;  // a repeated id of this segment
+    } else {
+      pos = static_cast<int32_t>(seg.rows.size());
+      seg.rows.push_back(base + static_cast<RowId>(id));
+      if (row.last_occ >= next_plan_) {
+        link(NextUses(track, row.last_occ) + row.last_pos, k32 - row.last_occ);
+      } else if (revive && row.slot != kNoSlot) {
+        Revive(cache, track, row, k);
+      }
+      row.last_occ = k32;
+      row.last_pos = pos;
+    }
+    if (out != nullptr) out[j - begin] = static_cast<uint32_t>(pos);
+  }
+  for (int k = 0; k < pending_count; ++k) {
+    const PendingLink& p = pending[(pending_head + k) % kDelay];
+    *p.at = p.distance;
+  }
+  // This segment's own next-use distances start unknown.
+  ReserveNextUses(trainer, table, seg.rows.size());
+  std::fill_n(NextUses(track, k), seg.rows.size(), 0);
+}
+
+void Planner::Impl::ReserveNextUses(int trainer, int table, size_t rows) {
+  TableTrack& track = caches_[trainer].tables[table];
+  if (rows <= track.next_stride) return;
+  const size_t stride = std::max(rows, 2 * track.next_stride);
+  oracle_internal::HugeVector<int32_t> next(window_.size() * stride, 0);
+  // Carry over the segments still in the window (planned ones no longer read theirs).
+  for (Iteration i = next_plan_; i < pushed_; ++i) {
+    const size_t w = static_cast<size_t>(i % window_.size());
+    const size_t size = window(i).trainers[trainer].tables[table].rows.size();
+    std::copy_n(track.next.data() + w * track.next_stride, size, next.data() + w * stride);
+  }
+  track.next.swap(next);
+  track.next_stride = stride;
+}
+
+void Planner::Impl::BuildLocalBatch(Batch& batch, WindowBatch& wb) {
+  const int64_t n = batch.num_samples;
+  if (trainers_ == 1) {
+    TrainerPlan& plan = wb.trainers[0].plan;
+    plan.labels = std::move(batch.labels);
+    plan.dense = std::move(batch.dense);
+    plan.offsets = std::move(batch.offsets);
+    return;
+  }
+  ForEach(trainers_, [&](int t) {
+    TrainerSlice& slice = wb.trainers[t];
+    TrainerPlan& plan = slice.plan;
+    const ShardRange range = ShardOf(batch.num_samples, trainers_, t);
+    const int64_t ns = range.end - range.begin;
+    plan.labels.assign(batch.labels.begin() + range.begin, batch.labels.begin() + range.end);
+    plan.dense.assign(batch.dense.begin() + range.begin * batch.num_dense,
+                      batch.dense.begin() + range.end * batch.num_dense);
+    plan.offsets.resize(static_cast<size_t>(tables_ * ns + 1));
+    for (int tb = 0; tb < tables_; ++tb) {
+      const int64_t* src = batch.offsets.data() + tb * n + range.begin;
+      int64_t* dst = plan.offsets.data() + tb * ns;
+      const int64_t shift = slice.tables[tb].first_id - src[0];
+      for (int64_t s = 0; s < ns; ++s) dst[s] = src[s] + shift;
+    }
+    plan.offsets.back() = static_cast<int64_t>(plan.unique_index.size());
+  });
+}
+
+TrainerPlan Planner::Impl::DrainPlan(int trainer) const {
+  TrainerPlan plan;
+  plan.iteration = next_plan_;
+  plan.trainer = trainer;
+  plan.num_trainers = trainers_;
+  plan.num_tables = tables_;
+  plan.num_dense = options_.schema.num_dense();
+  plan.offsets = {0};
+  return plan;
+}
+
+absl::Status Planner::Impl::PlanNext() {
+  const Iteration i = next_plan_;
+  Stopwatch watch;
+  double lap_start = 0;
+  auto lap = [&](PlannerPhase phase) {
+    const double now = watch.Seconds();
+    stats_.phase_seconds[static_cast<int>(phase)] += now - lap_start;
+    lap_start = now;
+  };
+  WindowBatch& wb = window(i);
+  if (options_.policy == CachePolicy::kDevice) {
+    ForEach(tables_, [&](int tb) { PlanDevice(tb, i); });
+    lap(PlannerPhase::kConsistency);
+  } else {
+    ForEachTrainerTable(trainers_, tables_, [&](int t, int tb) { Classify(t, tb, i); });
+    lap(PlannerPhase::kClassify);
+    std::vector<uint8_t> ok(trainers_, 1);
+    ForEach(trainers_, [&](int t) { ok[t] = SelectVictims(t, i); });
+    for (int t = 0; t < trainers_; ++t) {
+      if (!ok[t]) {
+        return absl::InternalError(absl::StrCat("iteration ", i, ", trainer ", t,
+                                                ": the eviction queues ran out of victims"));
+      }
+    }
+    lap(PlannerPhase::kVictims);
+    ForEachTrainerTable(trainers_, tables_, [&](int t, int tb) { Apply(t, tb, i); });
+    lap(PlannerPhase::kApply);
+    if (trainers_ > 1) ForEach(tables_, [&](int tb) { Consistency(tb, i); });
+    lap(PlannerPhase::kConsistency);
+  }
+  // Flushes land in plans of earlier (unreleased) iterations, appended in table order.
+  for (oracle_internal::TableSync& sync : sync_) {
+    for (const oracle_internal::FlushOrder& f : sync.flushes) {
+      window(f.iteration).trainers[f.trainer].plan.extract.push_back(f.extraction);
+    }
+    Count(PlannerCounter::kFlushes, static_cast<int64_t>(sync.flushes.size()));
+    Count(PlannerCounter::kExchangedRows, sync.exchanged);
+    Count(PlannerCounter::kSharedRows, sync.shared_count);
+  }
+  ForEach(trainers_, [&](int t) { Assemble(t, i); });
+
+  Count(PlannerCounter::kIterations, 1);
+  Count(PlannerCounter::kIds, wb.ids);
+  for (const TrainerSlice& slice : wb.trainers) {
+    const int64_t unique = static_cast<int64_t>(slice.plan.unique_rows.size());
+    const int64_t misses = static_cast<int64_t>(slice.plan.fills.size());
+    int64_t evictions = 0;
+    int64_t write_backs = 0;
+    for (const Extraction& e : slice.plan.extract) {
+      evictions += e.evict ? 1 : 0;
+      write_backs += e.evict && e.write_back ? 1 : 0;
+    }
+    Count(PlannerCounter::kWriteBacks, write_backs);
+    Count(PlannerCounter::kUniqueRows, unique);
+    Count(PlannerCounter::kHits, unique - misses);
+    Count(PlannerCounter::kMisses, misses);
+    Count(PlannerCounter::kEvictions, evictions);
+    Count(PlannerCounter::kPrivateRows, static_cast<int64_t>(slice.plan.private_unique.size()));
+  }
+  ++next_plan_;
+  lap(PlannerPhase::kAssemble);
+  while (next_release_ + emit_lag_ < next_plan_) Release(next_release_++);
+  lap(PlannerPhase::kRelease);
+  const double seconds = watch.Seconds();
+  stats_.plan_seconds += seconds;
+  stats_.max_iteration_ms = std::max(stats_.max_iteration_ms, (seconds + wb.entry_seconds) * 1e3);
+  return absl::OkStatus();
+}
+
+void Planner::Impl::Release(Iteration i) {
+  WindowBatch& wb = window(i);
+  std::vector<TrainerPlan> plans;
+  plans.reserve(static_cast<size_t>(trainers_));
+  for (TrainerSlice& slice : wb.trainers) {
+    TrainerPlan& plan = slice.plan;
+    for (size_t j = 0; j < plan.shared.size(); ++j) {
+      const auto [table, flag] = slice.shared_flags[j];
+      plan.shared[j].now = wb.now[table][flag] != 0;
+    }
+    plans.push_back(std::move(plan));
+    slice.plan = TrainerPlan{};
+  }
+  ready_.push_back(std::move(plans));
+}
+
+absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(PlannerOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<Planner>(new Planner(std::move(impl)));
+}
+
+Planner::Planner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Planner::~Planner() = default;
+
+absl::Status Planner::Push(Batch global_batch) { return impl_->Push(std::move(global_batch)); }
+absl::Status Planner::Finish() { return impl_->Finish(); }
+absl::StatusOr<std::optional<std::vector<TrainerPlan>>> Planner::Pop() { return impl_->Pop(); }
+absl::StatusOr<std::vector<TrainerPlan>> Planner::Drain() { return impl_->Drain(); }
+PlannerStats Planner::stats() const { return impl_->stats(); }
+const PlannerOptions& Planner::options() const { return impl_->options(); }
+
+}  // namespace bagpipe

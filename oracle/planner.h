@@ -1,0 +1,206 @@
+// The lookahead oracle: turns the stream of global batches into per-trainer plans (plan.h).
+//
+// The planner sees global batches `lookahead` (L) iterations ahead. For every iteration i and
+// trainer t it decides which rows t's cache holds and in which slots, what is fetched, evicted
+// and written back at the boundary of i, and which row gradients the trainers exchange.
+//
+// Residency, per trainer (each trainer has its own cache of `capacity` rows across all tables):
+//  - D_t(i) = the distinct rows of t's shard (data/batch.h ShardOf) of batch i, linearised as
+//    RowId = schema.TableOffsets()[table] + id. Every row of D_t(i) is resident at i at the slot
+//    unique_slots names; missing rows are filled at the boundary of i (at first need).
+//  - When slots are needed and none is free, victims are resident rows not in D_t(i), chosen by
+//    the policy:
+//      kOracle  Belady's MIN restricted to the window: furthest next use by t first; rows with no
+//               use in the window tie at infinity and go first, least recently used first. Rows
+//               stay after their last known use while capacity allows (lazy eviction).
+//      kLru     least recently used first (the planner looks at batch i only).
+//      kLfu     fewest uses first (a use = an iteration that needs the row; counts persist across
+//               evictions, as in FBGEMM's LFU cache, so memory grows with the rows seen), then
+//               least recently used.
+//      kOff     nothing is kept: every row of D_t(i) is filled at i and evicted at i + 1.
+//      kDevice  every row of every table is resident on every trainer from the start at slot
+//               RowId (capacity = total rows); no fills, no evictions.
+//    Remaining ties (same next use, same last use) are broken deterministically: lower table
+//    first, then the order rows entered the queue. A fill takes the slot of a victim evicted at the
+//    same boundary, in victim order (extract-before-fill), else a free slot (never-used slots
+//    lowest first). Plans are a pure function of the options and the stream.
+//  - |D_t(i)| > capacity fails with an error naming the iteration, the trainer, the working set
+//    and the capacity.
+//
+// Consistency (planned globally across trainers; T <= 64):
+//  - Evictions: when the last holder of a dirty row (touched since the servers' copy was last
+//    made current) evicts it, the lowest-id trainer evicting it at that boundary writes it back,
+//    stamped with the boundary's iteration.
+//  - Fills: when trainer v fills row r at i while another trainer u holds r dirty, the lowest-id
+//    holder u flushes r (Extraction{evict=false, write_back=true}) at boundary
+//    g = max(last_touch(r) + 1, i - emit_lag), moved to last_touch(r) + 2 when r was a shared
+//    row at last_touch(r) and those plans are already released (their exchange may then still
+//    be in flight at last_touch(r) + 1). No trainer touches r in [g, i), so the flushed value is the
+//    value v must read. This is why plans are released emit_lag iterations after they are
+//    planned.
+//  - Shared rows of i: rows touched at i by some trainer and held (after the fills of i) by at
+//    least two. Every holder applies the sum of the touchers' gradients (plan.h). `now` is set
+//    when a holder uses the row at i + 1 or the row is extracted at boundary i + 1 (including
+//    the final Drain); otherwise the exchange may finish before boundary i + 2.
+//  - Rows touched by t that no other trainer holds are t's private_unique rows.
+//
+// Write-back stamps (the contract with the embedding servers, sync/protocol.h):
+//  - A write-back extracted at boundary g carries stamp g. A Fill's after_stamp is the latest
+//    write-back stamp of the row the planner knows, or -1; stamps the planner hands out later
+//    for that row are larger than the fill's iteration, so the server serves a fill at i after
+//    applying the write-back stamped after_stamp and never waits for a later one.
+//  - The planner forgets a row's stamp once it is older than `writeback_horizon` (H) iterations
+//    and no trainer holds the row, so its memory does not grow with the dataset: a fill at i
+//    then carries after_stamp = -1 (also whenever the known stamp is < i - H). The server makes
+//    this exact by also waiting, before serving any fill of iteration i, until every trainer has
+//    sent its write-backs up to iteration i - H. H larger than the runtime's prefetch depth plus
+//    emit_lag keeps that wait off the critical path.
+//
+// Memory is proportional to the window and the capacity: a per-trainer record for every row that
+// is resident or occurs in the window, a global record for every held row and every row written
+// back in the last H iterations, and the window's batches (kept in plan form, ids dropped).
+// Tables with at most `dense_index_max_rows` rows index their rows with a direct array (4 bytes a
+// row per trainer) instead of a hash map.
+//
+// Thread-safety: a Planner is used by one thread at a time (it parallelises internally with TBB
+// across trainers and tables). After any call returns an error, the planner must be destroyed.
+#ifndef BAGPIPE_ORACLE_PLANNER_H_
+#define BAGPIPE_ORACLE_PLANNER_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "data/batch.h"
+#include "data/schema.h"
+#include "nlohmann/json.hpp"
+#include "oracle/plan.h"
+
+namespace bagpipe {
+
+enum class CachePolicy { kOracle, kLru, kLfu, kOff, kDevice };
+
+// "oracle", "lru", "lfu", "off", "device"; the error lists the valid names.
+absl::StatusOr<CachePolicy> ParseCachePolicy(std::string_view name);
+std::string_view CachePolicyName(CachePolicy policy);
+
+struct PlannerOptions {
+  // Table sizes: linearisation, id validation and (kDevice) the slot space.
+  Schema schema;
+  int num_trainers = 1;  // 1..64
+  // Rows per trainer cache, across all tables. kDevice: ignored (= total rows).
+  int64_t capacity = 0;
+  // L: batches i .. i+L-1 are visible when planning i (kOracle); reactive policies see batch i.
+  int lookahead = 20;
+  CachePolicy policy = CachePolicy::kOracle;
+  // Plans of iteration i are released once iteration i + emit_lag is planned (>= 1).
+  int emit_lag = 2;
+  // H, see "Write-back stamps" above; 0 = default (kDefaultWritebackHorizon).
+  int64_t writeback_horizon = 0;
+  // false: plans carry no dense features, labels, offsets or unique_index (the simulator).
+  bool build_batch = true;
+  // Tables up to this many rows use direct-array row indexes (see the file comment).
+  int64_t dense_index_max_rows = int64_t{1} << 20;
+};
+
+inline constexpr int64_t kDefaultWritebackHorizon = 64;
+
+// Counters, FBGEMM style (enum-indexed array).
+enum class PlannerCounter : int {
+  kIterations,       // iterations planned
+  kIds,              // sparse id occurrences
+  kUniqueRows,       // sum over trainers and iterations of |D_t(i)|
+  kHits,             // unique rows already resident
+  kMisses,           // unique rows filled (= fills)
+  kEvictions,        // rows evicted at boundaries (Drain excluded)
+  kWriteBacks,       // evictions that write the row back
+  kFlushes,          // flushes (write-backs of rows that stay resident)
+  kSharedRows,       // distinct shared rows, summed over iterations
+  kExchangedRows,    // gradient rows sent to peers (sum of send list sizes)
+  kPrivateRows,      // sum of private_unique sizes
+  kDrainWriteBacks,  // write-backs in the Drain plans
+  kCount,
+};
+inline constexpr int kNumPlannerCounters = static_cast<int>(PlannerCounter::kCount);
+std::string_view PlannerCounterName(PlannerCounter counter);
+
+// Phases of the planner's work, timed in PlannerStats::phase_seconds.
+enum class PlannerPhase : int {
+  kEntry,        // validating a pushed batch, dedup, next-use links, local batch
+  kClassify,     // hits and misses
+  kVictims,      // eviction choices and fill slots
+  kApply,        // row records, slots, eviction queues
+  kConsistency,  // write-backs, flushes, fill stamps, shared and private rows
+  kAssemble,     // per-trainer sync lists, flush placement, counters
+  kRelease,      // handing finished plans to Pop
+  kCount,
+};
+inline constexpr int kNumPlannerPhases = static_cast<int>(PlannerPhase::kCount);
+std::string_view PlannerPhaseName(PlannerPhase phase);
+
+struct PlannerStats {
+  std::array<int64_t, kNumPlannerCounters> counters{};
+  std::array<double, kNumPlannerPhases> phase_seconds{};
+  // Wall-clock seconds spent turning pushed batches into window entries (validation, dedup,
+  // next-use links) and planning iterations (residency, consistency, release).
+  double entry_seconds = 0;
+  double plan_seconds = 0;
+  // The slowest iteration: its entry plus its planning, in milliseconds.
+  double max_iteration_ms = 0;
+  // Current sizes: per-trainer row records, global row records, resident rows (all trainers).
+  int64_t tracked_rows = 0;
+  int64_t global_rows = 0;
+  int64_t resident_rows = 0;
+
+  int64_t operator[](PlannerCounter counter) const {
+    return counters[static_cast<int>(counter)];
+  }
+  // (entry_seconds + plan_seconds) / iterations, in milliseconds.
+  double mean_iteration_ms() const;
+  nlohmann::json ToJson() const;
+};
+
+class Planner {
+ public:
+  // Validates the options (trainer count, capacity, lookahead, emit lag, horizon, schema).
+  static absl::StatusOr<std::unique_ptr<Planner>> Create(PlannerOptions options);
+  ~Planner();
+  Planner(const Planner&) = delete;
+  Planner& operator=(const Planner&) = delete;
+
+  // Next global batch, in stream order (iteration = number of batches pushed before it). Checks
+  // its shape and ids against the schema and that every trainer's working set fits. Plans the
+  // iterations whose window is now complete. REQUIRES: Finish() not called.
+  absl::Status Push(Batch global_batch);
+  // No more batches: plans the remaining iterations (their windows end at the stream's end).
+  absl::Status Finish();
+
+  // The plans of the next iteration (one per trainer, in trainer order) once they are released;
+  // nullopt when more batches must be pushed first, or, after Finish(), when every iteration has
+  // been popped.
+  absl::StatusOr<std::optional<std::vector<TrainerPlan>>> Pop();
+
+  // After Finish() and every iteration popped: one plan per trainer (iteration = number of
+  // iterations) with only `extract` entries: every resident row is evicted, and every dirty row
+  // is written back by exactly one owner (its lowest-id holder). kDevice lists only the rows
+  // ever touched, on trainer 0 (the others' replicas equal it). Callable once.
+  absl::StatusOr<std::vector<TrainerPlan>> Drain();
+
+  PlannerStats stats() const;
+  const PlannerOptions& options() const;
+
+ private:
+  class Impl;
+  explicit Planner(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace bagpipe
+
+#endif  // BAGPIPE_ORACLE_PLANNER_H_

@@ -1,0 +1,220 @@
+// Consistency phase of planning an iteration with several trainers (see planner.h,
+// "Consistency", and planner_impl.h): write-back owners, flushes, fill stamps, shared and
+// private rows; then the per-trainer sync lists.
+
+#include <algorithm>
+#include <bit>
+#include <numeric>
+#include <utility>
+
+#include "oracle/planner_impl.h"
+
+namespace bagpipe {
+
+using oracle_internal::GlobalRow;
+using oracle_internal::GlobalTable;
+using oracle_internal::kNoHandle;
+using oracle_internal::Segment;
+using oracle_internal::SharedOut;
+using oracle_internal::TableSync;
+using oracle_internal::TableTrack;
+using oracle_internal::TrainerRow;
+using oracle_internal::TrainerSlice;
+using oracle_internal::WindowBatch;
+
+namespace {
+
+uint64_t Bit(int trainer) { return uint64_t{1} << trainer; }
+
+}  // namespace
+
+void Planner::Impl::MarkNow(Iteration i, int table, int32_t flag) {
+  window(i).now[static_cast<size_t>(table)][static_cast<size_t>(flag)] = 1;
+}
+
+void Planner::Impl::Expire(int table, Iteration i) {
+  GlobalTable& gt = globals_[table];
+  const Iteration limit = i - horizon_;
+  while (!gt.expiry.empty() && gt.expiry.front().pushed < limit) {
+    const oracle_internal::Expiry e = gt.expiry.front();
+    gt.expiry.pop_front();
+    const GlobalRow& g = gt.rows[e.handle];
+    // The record may have been freed (and reused) since; it is forgotten only if it is still
+    // this row's, nobody holds it and its stamp is older than the horizon.
+    if (g.id == e.id && g.holders == 0 && !g.dirty && g.write_back < limit) {
+      gt.index.Erase(g.id);
+      gt.rows.Free(e.handle);
+    }
+  }
+}
+
+void Planner::Impl::Consistency(int table, Iteration i) {
+  TableSync& sync = sync_[table];
+  sync.Reset();
+  Expire(table, i);
+  GlobalTable& gt = globals_[table];
+  WindowBatch& wb = window(i);
+  const RowId base = table_offsets_[table];
+
+  // a. Evictions. The lowest-id trainer evicting a row at this boundary decides for all.
+  for (int t = 0; t < trainers_; ++t) {
+    for (const oracle_internal::Victim& v : wb.trainers[t].tables[table].victims) {
+      gt.rows[v.global].evicting |= Bit(t);
+    }
+  }
+  for (int t = 0; t < trainers_; ++t) {
+    TrainerPlan& plan = wb.trainers[t].plan;
+    for (const oracle_internal::Victim& v : wb.trainers[t].tables[table].victims) {
+      GlobalRow& g = gt.rows[v.global];
+      if (g.evicting == 0) continue;
+      const uint64_t remaining = g.holders & ~g.evicting;
+      if (remaining == 0 && g.dirty) {
+        plan.extract[static_cast<size_t>(v.extract)].write_back = true;
+        g.write_back = i;
+        g.dirty = false;
+        ++sync.write_backs;
+      }
+      if (g.shared_iter == i - 1) MarkNow(i - 1, table, g.shared_index);
+      g.holders = remaining;
+      g.evicting = 0;
+      if (remaining == 0) gt.expiry.push_back({i, v.global, g.id});
+    }
+  }
+
+  // b. Fills: flush rows another trainer holds dirty; stamp every fill.
+  for (int t = 0; t < trainers_; ++t) {
+    TrainerSlice& slice = wb.trainers[t];
+    Segment& seg = slice.tables[table];
+    TableTrack& track = caches_[t].tables[table];
+    for (size_t j = 0; j < seg.misses.size(); ++j) {
+      const int32_t p = seg.misses[j];
+      const RowId row = seg.rows[p];
+      const int64_t id = static_cast<int64_t>(row - base);
+      uint32_t& handle_ref = gt.index.FindOrInsert(id);
+      if (handle_ref == kNoHandle) {
+        handle_ref = gt.rows.Allocate();
+        gt.rows[handle_ref].id = id;
+      }
+      const uint32_t handle = handle_ref;
+      GlobalRow& g = gt.rows[handle];
+      track.rows.Find(id)->global = handle;
+      if (g.holders != 0 && g.dirty) {
+        const int owner = std::countr_zero(g.holders);
+        Iteration at = std::max(g.last_touch + 1, i - emit_lag_);
+        // A shared row whose plans of last_touch are already released may still have its
+        // exchange in flight at last_touch + 1 (`now` is final): flush one boundary later.
+        if (at == g.last_touch + 1 && g.last_touch < next_release_ &&
+            g.shared_iter == g.last_touch) {
+          ++at;
+        }
+        const SlotId owner_slot = caches_[owner].tables[table].rows.Find(id)->slot;
+        sync.flushes.push_back({owner, at, Extraction{owner_slot, row, /*evict=*/false,
+                                                      /*write_back=*/true}});
+        g.write_back = at;
+        g.dirty = false;
+        if (g.shared_iter == at - 1) MarkNow(at - 1, table, g.shared_index);
+      }
+      slice.plan.fills[static_cast<size_t>(seg.first_fill) + j].after_stamp =
+          g.write_back >= i - horizon_ ? g.write_back : -1;
+      g.holders |= Bit(t);
+    }
+  }
+
+  // c. Touches; private rows; rows held since i - 1 and used now were shared at i - 1 "now".
+  for (int t = 0; t < trainers_; ++t) {
+    TrainerSlice& slice = wb.trainers[t];
+    const Segment& seg = slice.tables[table];
+    TableTrack& track = caches_[t].tables[table];
+    std::vector<int32_t>& private_rows = sync.private_rows[t];
+    size_t next_miss = 0;
+    const int32_t n = static_cast<int32_t>(seg.rows.size());
+    for (int32_t p = 0; p < n; ++p) {
+      const bool miss = next_miss < seg.misses.size() && seg.misses[next_miss] == p;
+      if (miss) ++next_miss;
+      const uint32_t handle =
+          track.rows.Find(static_cast<int64_t>(seg.rows[p] - base))->global;
+      GlobalRow& g = gt.rows[handle];
+      if (!miss && g.shared_iter == i - 1) MarkNow(i - 1, table, g.shared_index);
+      if (g.touch_iter != i) {
+        g.touch_iter = i;
+        g.touchers = 0;
+        sync.touched.push_back(handle);
+      }
+      g.touchers |= Bit(t);
+      g.last_touch = i;
+      g.dirty = true;
+      if (g.holders == Bit(t)) private_rows.push_back(seg.first_unique + p);
+    }
+  }
+
+  // d. Shared rows: touched and held by at least two trainers, in RowId order.
+  for (uint32_t handle : sync.touched) {
+    if (std::popcount(gt.rows[handle].holders) >= 2) sync.shared_rows.push_back(handle);
+  }
+  std::sort(sync.shared_rows.begin(), sync.shared_rows.end(),
+            [&](uint32_t a, uint32_t b) { return gt.rows[a].id < gt.rows[b].id; });
+  sync.shared_count = static_cast<int64_t>(sync.shared_rows.size());
+  wb.now[static_cast<size_t>(table)].assign(sync.shared_rows.size(), 0);
+  for (size_t q = 0; q < sync.shared_rows.size(); ++q) {
+    GlobalRow& g = gt.rows[sync.shared_rows[q]];
+    g.shared_iter = i;
+    g.shared_index = static_cast<int32_t>(q);
+    const RowId row = base + static_cast<RowId>(g.id);
+    for (uint64_t holders = g.holders; holders != 0; holders &= holders - 1) {
+      const int h = std::countr_zero(holders);
+      TableTrack& track = caches_[h].tables[table];
+      const TrainerRow& record = *track.rows.Find(g.id);
+      const int32_t own = (g.touchers & Bit(h)) != 0 ? record.cur_pos : -1;
+      std::vector<SharedOut>& out = sync.shared[h];
+      const int32_t local = static_cast<int32_t>(out.size());
+      out.push_back({SharedRow{record.slot, row, own, false}, static_cast<int32_t>(q)});
+      if (own >= 0) {
+        for (uint64_t peers = g.holders & ~Bit(h); peers != 0; peers &= peers - 1) {
+          sync.send[h].emplace_back(std::countr_zero(peers), local);
+          ++sync.exchanged;
+        }
+      }
+      for (uint64_t peers = g.touchers & ~Bit(h); peers != 0; peers &= peers - 1) {
+        sync.recv[h].emplace_back(std::countr_zero(peers), local);
+      }
+    }
+  }
+}
+
+void Planner::Impl::Assemble(int trainer, Iteration i) {
+  TrainerSlice& slice = window(i).trainers[trainer];
+  TrainerPlan& plan = slice.plan;
+  plan.private_unique.clear();
+  plan.shared.clear();
+  plan.peers.clear();
+  slice.shared_flags.clear();
+  if (options_.policy == CachePolicy::kOff) {
+    caches_[trainer].off_resident.assign(plan.unique_slots.begin(), plan.unique_slots.end());
+  }
+  if (trainers_ == 1) {
+    plan.private_unique.resize(plan.unique_rows.size());
+    std::iota(plan.private_unique.begin(), plan.private_unique.end(), 0);
+    return;
+  }
+  std::vector<std::vector<int32_t>> send(static_cast<size_t>(trainers_));
+  std::vector<std::vector<int32_t>> recv(static_cast<size_t>(trainers_));
+  for (int tb = 0; tb < tables_; ++tb) {
+    const TableSync& sync = sync_[tb];
+    const std::vector<int32_t>& private_rows = sync.private_rows[trainer];
+    plan.private_unique.insert(plan.private_unique.end(), private_rows.begin(),
+                               private_rows.end());
+    const int32_t offset = static_cast<int32_t>(plan.shared.size());
+    for (const SharedOut& out : sync.shared[trainer]) {
+      plan.shared.push_back(out.row);
+      slice.shared_flags.emplace_back(tb, out.flag);
+    }
+    for (const auto& [peer, local] : sync.send[trainer]) send[peer].push_back(offset + local);
+    for (const auto& [peer, local] : sync.recv[trainer]) recv[peer].push_back(offset + local);
+  }
+  for (int peer = 0; peer < trainers_; ++peer) {
+    if (send[peer].empty() && recv[peer].empty()) continue;
+    plan.peers.push_back(PeerExchange{peer, std::move(send[peer]), std::move(recv[peer])});
+  }
+}
+
+}  // namespace bagpipe

@@ -1,0 +1,306 @@
+// Internal: the state of the planner (oracle/planner.h) and the phases that plan an iteration.
+//
+// Layout of the state:
+//  - The window: a ring of WindowBatch, one per iteration from the oldest unreleased one to the
+//    newest pushed one. A window batch keeps, per trainer, the TrainerPlan under construction
+//    (local batch, unique rows) and per table a Segment: the trainer's distinct rows of that
+//    table in first-occurrence order; the distance from each row to its next occurrence on that
+//    trainer is written into the TableTrack's next-use arena when the later batch enters.
+//  - Per trainer a TrainerCache: per-slot state and per table a TableTrack (a RowTable of
+//    24-byte TrainerRow records, the queue of evictable rows, the ring of next-use buckets and
+//    the next-use arena).
+//  - With several trainers, per table a GlobalTable: the cross-trainer state of held and
+//    recently written-back rows. With one trainer the write-back stamp lives in the TrainerRow
+//    (the trainer is the only holder) and no global state is kept.
+// Everything TBB tasks touch in parallel is split by table or by trainer; the phases say which.
+// Entering batch k:
+//   Validate      (trainer, table)  offsets and ids; nothing changes before the batch is good
+//   Link          (trainer, table)  distinct rows (through the row records: a repeated id finds
+//                                   its record with last_occ = k), unique_index, next-use
+//                                   links, queue moves of revived rows (kDevice: Dedup)
+// Planning iteration i:
+//   Classify      (trainer, table)  hits and misses of D_t(i)
+//   SelectVictims (trainer)         victims in eviction order, slots for the fills
+//   Apply         (trainer, table)  record updates, slot assignment, queue the rows of D_t(i);
+//                                   with one trainer also write-back stamps and fill stamps
+//   Consistency   (table)           several trainers: write-back owners, flushes, fill stamps,
+//                                   shared and private rows
+//   Assemble      (trainer)         per-trainer sync lists
+// The hot loops prefetch the records they will touch a few rows ahead: nearly every record
+// access is a cache miss, and overlapping them is most of the planner's speed.
+#ifndef BAGPIPE_ORACLE_PLANNER_IMPL_H_
+#define BAGPIPE_ORACLE_PLANNER_IMPL_H_
+
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/types.h"
+#include "data/batch.h"
+#include "oracle/eviction_queue.h"
+#include "oracle/huge_pages.h"
+#include "oracle/plan.h"
+#include "oracle/planner.h"
+#include "oracle/row_store.h"
+#include "tbb/enumerable_thread_specific.h"
+
+namespace bagpipe {
+namespace oracle_internal {
+
+// A row evicted at the boundary being planned.
+struct Victim {
+  SlotId slot;
+  uint32_t global;  // its GlobalRow (several trainers; filled by Apply)
+  int32_t extract;  // index in the trainer's plan.extract (which names the row)
+};
+
+// One trainer's distinct rows of one table in one window batch.
+struct Segment {
+  std::vector<RowId> rows;  // first-occurrence order
+  // The distance from each row to its next occurrence on the trainer (0 = none) lives in the
+  // TableTrack's next-use arena (Planner::Impl::NextUses).
+  int64_t first_id = 0;      // index of the table's first id in the plan's unique_index
+  int64_t id_count = 0;      // ids of the table in the shard
+  int32_t first_unique = 0;  // index of rows[0] in the plan's unique_rows
+  // Planning scratch, valid while the iteration is planned.
+  std::vector<SlotId> slots;     // resident slot of each row at Classify (kNoSlot: miss)
+  std::vector<int32_t> uses;     // kLfu: each row's use count including this use
+  std::vector<int32_t> misses;   // positions of rows that are not resident
+  std::vector<Victim> victims;   // rows of this table the trainer evicts
+  int32_t first_fill = 0;        // index of misses[0] in the plan's fills
+};
+
+struct TrainerSlice {
+  TrainerPlan plan;
+  std::vector<Segment> tables;
+  // Per plan.shared entry: (table, index into WindowBatch::now[table]).
+  std::vector<std::pair<int32_t, int32_t>> shared_flags;
+};
+
+struct WindowBatch {
+  Iteration iteration = -1;
+  int64_t ids = 0;
+  double entry_seconds = 0;
+  std::vector<TrainerSlice> trainers;
+  // Per table, per shared row of this iteration (RowId order): exchange before i + 1.
+  std::vector<std::vector<uint8_t>> now;
+};
+
+// Per (trainer, table) record of a row that is resident, occurs in the window, or (one
+// trainer) was written back within the horizon; kept in place in the table's RowTable.
+struct TrainerRow {
+  static constexpr int32_t kAbsent = std::numeric_limits<int32_t>::min();
+  int32_t last_occ = kAbsent;  // latest window occurrence (iteration); kAbsent: not stored
+  int32_t last_pos = 0;        // the row's position in the Segment of last_occ
+  SlotId slot = kNoSlot;
+  // One trainer: the latest write-back stamp (-1: none). Several: the GlobalRow while resident.
+  union {
+    int32_t write_back = -1;
+    uint32_t global;
+  };
+  int32_t cur_pos = 0;  // several trainers: its unique_rows index at its latest planned use
+  int32_t uses = 0;     // kLfu: planned uses since the start
+
+  static TrainerRow Absent() { return TrainerRow{}; }
+  bool present() const { return last_occ != kAbsent; }
+};
+static_assert(sizeof(TrainerRow) == 24);
+
+struct TableTrack {
+  RowTable<TrainerRow> rows;
+  EvictionQueue lru;                         // kOracle, kLru: rows with no known next use
+  std::map<int64_t, EvictionQueue> lfu;      // kLfu: by use count
+  std::vector<std::vector<SlotId>> buckets;  // by next use, ring of L + 1
+  // Next-use distances of the window's segments: window slot w owns
+  // [w * next_stride, w * next_stride + its row count). One huge-page array rather than a
+  // vector per segment: the links written when a batch enters land at random in it.
+  HugeVector<int32_t> next;
+  size_t next_stride = 0;
+  // One trainer: records of evicted rows waiting for their write-back stamp to expire.
+  std::deque<std::pair<Iteration, int64_t>> expiry;  // (evicted at, row id)
+};
+
+struct TrainerCache {
+  HugeVector<SlotState> slots;
+  std::vector<SlotId> free_slots;  // stack
+  int64_t resident = 0;
+  std::vector<TableTrack> tables;
+  std::vector<SlotId> off_resident;  // kOff: the slots filled at the last iteration
+  // SelectVictims scratch: the slot of every fill, in fill order.
+  std::vector<SlotId> fill_slots;
+};
+
+// Cross-trainer state of a row (several trainers).
+struct GlobalRow {
+  int64_t id = -1;  // row within the table; -1 = free record
+  uint64_t holders = 0;
+  uint64_t evicting = 0;  // scratch: trainers evicting it at the boundary being planned
+  uint64_t touchers = 0;  // trainers touching it at touch_iter
+  Iteration last_touch = -1;
+  Iteration write_back = -1;  // latest write-back stamp; -1 = none known
+  Iteration touch_iter = -1;
+  // Latest iteration it was a shared row (never equal to i - 1 or g - 1 for a real iteration).
+  Iteration shared_iter = std::numeric_limits<Iteration>::min();
+  int32_t shared_index = 0;  // its index in WindowBatch::now[table] of shared_iter
+  bool dirty = false;
+};
+
+struct Expiry {
+  Iteration pushed;
+  uint32_t handle;
+  int64_t id;
+};
+
+struct FlushOrder {
+  int trainer;
+  Iteration iteration;
+  Extraction extraction;
+};
+
+struct SharedOut {
+  SharedRow row;
+  int32_t flag;  // index into WindowBatch::now[table]
+};
+
+// Per table, per iteration output of Consistency, consumed by Assemble.
+struct TableSync {
+  std::vector<FlushOrder> flushes;
+  std::vector<std::vector<int32_t>> private_rows;          // per trainer, unique_rows indices
+  std::vector<std::vector<SharedOut>> shared;              // per trainer, RowId order
+  std::vector<std::vector<std::pair<int, int32_t>>> send;  // per trainer: (peer, local index)
+  std::vector<std::vector<std::pair<int, int32_t>>> recv;
+  std::vector<uint32_t> touched;      // GlobalRow handles touched at the iteration
+  std::vector<uint32_t> shared_rows;  // GlobalRow handles of the shared rows
+  // kDevice scratch.
+  BatchDedup dedup;
+  std::vector<int64_t> ids;
+  std::vector<uint64_t> touch_masks;
+  std::vector<int32_t> order;
+  std::vector<int32_t> rank;
+  std::vector<int64_t> prev_ids;          // sorted shared ids of the previous iteration
+  std::vector<std::vector<int32_t>> own;  // per trainer, per shared row: unique index or -1
+  std::vector<std::vector<int32_t>> qs;   // per trainer, per unique row: its dedup position
+  int64_t write_backs = 0;
+  int64_t shared_count = 0;  // distinct shared rows
+  int64_t exchanged = 0;
+
+  // Clears the per-iteration outputs (keeps capacity and the kDevice history).
+  void Reset() {
+    flushes.clear();
+    for (auto& v : private_rows) v.clear();
+    for (auto& v : shared) v.clear();
+    for (auto& v : send) v.clear();
+    for (auto& v : recv) v.clear();
+    touched.clear();
+    shared_rows.clear();
+    write_backs = 0;
+    shared_count = 0;
+    exchanged = 0;
+  }
+};
+
+struct GlobalTable {
+  RowIndex index;
+  Slab<GlobalRow> rows;
+  std::deque<Expiry> expiry;
+  std::vector<uint64_t> device_dirty;  // kDevice: bitmap of rows ever touched
+};
+
+}  // namespace oracle_internal
+
+class Planner::Impl {
+ public:
+  explicit Impl(PlannerOptions options);
+  absl::Status Init();
+
+  absl::Status Push(Batch batch);
+  absl::Status Finish();
+  absl::StatusOr<std::optional<std::vector<TrainerPlan>>> Pop();
+  absl::StatusOr<std::vector<TrainerPlan>> Drain();
+  PlannerStats stats() const;
+  const PlannerOptions& options() const { return options_; }
+
+ private:
+  using WindowBatch = oracle_internal::WindowBatch;
+  using Segment = oracle_internal::Segment;
+
+  WindowBatch& window(Iteration i) { return window_[static_cast<size_t>(i % window_.size())]; }
+  // The next-use distances of a trainer's segment of `table` in window batch `i`.
+  int32_t* NextUses(oracle_internal::TableTrack& track, Iteration i) {
+    return track.next.data() + static_cast<size_t>(i % window_.size()) * track.next_stride;
+  }
+  // Makes room for a segment of `rows` rows in the next-use arena (keeps the live segments).
+  void ReserveNextUses(int trainer, int table, size_t rows);
+  bool queued_policy() const {
+    return options_.policy == CachePolicy::kOracle || options_.policy == CachePolicy::kLru ||
+           options_.policy == CachePolicy::kLfu;
+  }
+  void Count(PlannerCounter counter, int64_t delta) {
+    stats_.counters[static_cast<int>(counter)] += delta;
+  }
+
+  // planner.cc
+  absl::Status Enter(Batch batch);
+  absl::Status Validate(int trainer, int table, const Batch& batch, Iteration iteration) const;
+  void Dedup(int trainer, int table, const Batch& batch, WindowBatch& wb);
+  void Link(int trainer, int table, const Batch& batch, WindowBatch& wb);
+  void BuildLocalBatch(Batch& batch, WindowBatch& wb);
+  absl::Status PlanNext();
+  void Release(Iteration i);
+  TrainerPlan DrainPlan(int trainer) const;
+
+  // planner_residency.cc
+  void Classify(int trainer, int table, Iteration i);
+  // Returns false if the queues hold fewer victims than needed (an internal error).
+  bool SelectVictims(int trainer, Iteration i);
+  void Apply(int trainer, int table, Iteration i);
+  void Revive(oracle_internal::TrainerCache& cache, oracle_internal::TableTrack& track,
+              const oracle_internal::TrainerRow& row, Iteration next_use);
+  void ExpireRecords(int table, Iteration i);
+  std::vector<TrainerPlan> DrainCaches();
+
+  // planner_consistency.cc
+  void Consistency(int table, Iteration i);
+  void Expire(int table, Iteration i);
+  void MarkNow(Iteration i, int table, int32_t flag);
+  void Assemble(int trainer, Iteration i);
+
+  // planner_device.cc
+  void PlanDevice(int table, Iteration i);
+  std::vector<TrainerPlan> DrainDevice();
+
+  PlannerOptions options_;
+  int trainers_ = 1;
+  int tables_ = 0;
+  int lookahead_ = 1;  // effective: options_.lookahead for kOracle, else 1
+  int emit_lag_ = 2;
+  int64_t horizon_ = kDefaultWritebackHorizon;
+  int64_t capacity_ = 0;
+  std::vector<RowId> table_offsets_;
+
+  std::vector<WindowBatch> window_;
+  Iteration pushed_ = 0;        // batches entered
+  Iteration next_plan_ = 0;     // first iteration not planned
+  Iteration next_release_ = 0;  // first iteration not released
+  bool finished_ = false;
+  bool drained_ = false;
+  absl::Status status_;  // sticky error
+  std::deque<std::vector<TrainerPlan>> ready_;
+
+  std::vector<oracle_internal::TrainerCache> caches_;
+  std::vector<oracle_internal::GlobalTable> globals_;
+  std::vector<oracle_internal::TableSync> sync_;
+  tbb::enumerable_thread_specific<oracle_internal::BatchDedup> dedup_;
+
+  PlannerStats stats_;
+};
+
+}  // namespace bagpipe
+
+#endif  // BAGPIPE_ORACLE_PLANNER_IMPL_H_

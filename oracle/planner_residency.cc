@@ -1,0 +1,306 @@
+// Residency phases of planning an iteration (see planner_impl.h): which rows each trainer's
+// cache holds, which it evicts, and in which slots the fills land. With one trainer these
+// phases also plan the write-backs (every eviction writes back: each resident row was touched
+// when it was filled) and the fill stamps.
+
+#include <algorithm>
+#include <bit>
+#include <optional>
+#include <utility>
+
+#include "oracle/planner_impl.h"
+
+namespace bagpipe {
+
+using oracle_internal::EvictionQueue;
+using oracle_internal::kNoHandle;
+using oracle_internal::QueueEntry;
+using oracle_internal::Segment;
+using oracle_internal::SlotState;
+using oracle_internal::TableTrack;
+using oracle_internal::TrainerCache;
+using oracle_internal::TrainerRow;
+using oracle_internal::TrainerSlice;
+
+namespace {
+
+// Eviction order of the queue heads: fewer uses (kLfu; 0 otherwise), then least recent use.
+using QueueKey = std::pair<int64_t, Iteration>;
+
+constexpr int32_t kAhead = 8;  // records prefetched ahead in the hot loops
+
+}  // namespace
+
+void Planner::Impl::Revive(TrainerCache& cache, TableTrack& track, const TrainerRow& row,
+                           Iteration next_use) {
+  SlotState& state = cache.slots[row.slot];
+  if (state.queued) {
+    state.queued = 0;
+    if (options_.policy == CachePolicy::kLfu) {
+      auto it = track.lfu.find(row.uses);
+      it->second.Unlink();
+      if (it->second.empty()) track.lfu.erase(it);
+    } else {
+      track.lru.Unlink();
+    }
+  }
+  track.buckets[static_cast<size_t>(next_use % static_cast<Iteration>(track.buckets.size()))]
+      .push_back(row.slot);
+}
+
+void Planner::Impl::Classify(int trainer, int table, Iteration i) {
+  Segment& seg = window(i).trainers[trainer].tables[table];
+  TableTrack& track = caches_[trainer].tables[table];
+  seg.misses.clear();
+  seg.victims.clear();
+  const int32_t n = static_cast<int32_t>(seg.rows.size());
+  seg.slots.resize(static_cast<size_t>(n));
+  if (options_.policy == CachePolicy::kOff) {
+    std::fill(seg.slots.begin(), seg.slots.end(), kNoSlot);
+    for (int32_t p = 0; p < n; ++p) seg.misses.push_back(p);
+    if (trainers_ == 1) return;
+  }
+  const bool lfu = options_.policy == CachePolicy::kLfu;
+  const bool off = options_.policy == CachePolicy::kOff;
+  const bool several = trainers_ > 1;
+  if (lfu) seg.uses.resize(static_cast<size_t>(n));
+  const RowId base = table_offsets_[table];
+  const RowId* rows = seg.rows.data();
+  for (int32_t p = 0; p < n; ++p) {
+    if (p + kAhead < n) track.rows.Prefetch(static_cast<int64_t>(rows[p + kAhead] - base));
+    TrainerRow& row = *track.rows.Find(static_cast<int64_t>(rows[p] - base));
+    if (several) row.cur_pos = seg.first_unique + p;
+    if (off) continue;
+    seg.slots[p] = row.slot;
+    if (row.slot == kNoSlot) seg.misses.push_back(p);
+    if (lfu) seg.uses[p] = ++row.uses;
+  }
+}
+
+bool Planner::Impl::SelectVictims(int trainer, Iteration i) {
+  TrainerCache& c = caches_[trainer];
+  TrainerSlice& slice = window(i).trainers[trainer];
+  TrainerPlan& plan = slice.plan;
+  int64_t misses = 0;
+  for (Segment& seg : slice.tables) {
+    seg.first_fill = static_cast<int32_t>(misses);
+    misses += static_cast<int64_t>(seg.misses.size());
+  }
+  plan.extract.clear();
+  plan.fills.resize(static_cast<size_t>(misses));
+  c.fill_slots.clear();
+  // With one trainer every resident row is dirty and its only holder writes it back.
+  const bool write_back = trainers_ == 1;
+  SlotState* slots = c.slots.data();
+
+  auto add_victim = [&](SlotId slot, int table) {
+    SlotState& state = slots[slot];
+    slice.tables[table].victims.push_back(
+        {slot, kNoHandle, static_cast<int32_t>(plan.extract.size())});
+    plan.extract.push_back({slot, state.row, /*evict=*/true, write_back});
+    state.table = -1;
+    c.fill_slots.push_back(slot);
+  };
+
+  if (options_.policy == CachePolicy::kOff) {
+    for (SlotId slot : c.off_resident) add_victim(slot, slots[slot].table);
+    c.off_resident.clear();
+  } else {
+    int64_t need = c.resident + misses - capacity_;
+    const bool lfu = options_.policy == CachePolicy::kLfu;
+    // The head of a table's queue of rows with no known next use, or nullopt.
+    auto head = [&](int table) -> std::optional<QueueKey> {
+      TableTrack& track = c.tables[table];
+      if (lfu) {
+        while (!track.lfu.empty()) {
+          auto it = track.lfu.begin();
+          if (const QueueEntry* e = it->second.Front(slots)) return QueueKey{it->first, e->last_use};
+          track.lfu.erase(it);
+        }
+        return std::nullopt;
+      }
+      if (const QueueEntry* e = track.lru.Front(slots)) return QueueKey{0, e->last_use};
+      return std::nullopt;
+    };
+    auto pop = [&](int table) {
+      TableTrack& track = c.tables[table];
+      EvictionQueue& queue = lfu ? track.lfu.begin()->second : track.lru;
+      const SlotId slot = queue.Front(slots)->slot;
+      queue.PopFront();
+      if (lfu && queue.empty()) track.lfu.erase(track.lfu.begin());
+      slots[slot].queued = 0;
+      add_victim(slot, table);
+    };
+    // Rows with no known next use, in key order across tables (ties: lower table first).
+    while (need > 0) {
+      int best_table = -1;
+      QueueKey best{};
+      for (int tb = 0; tb < tables_; ++tb) {
+        const std::optional<QueueKey> key = head(tb);
+        if (key && (best_table < 0 || *key < best)) {
+          best = *key;
+          best_table = tb;
+        }
+      }
+      if (best_table < 0) break;
+      for (int tb = best_table; tb < tables_ && need > 0; ++tb) {
+        while (need > 0) {
+          const std::optional<QueueKey> key = head(tb);
+          if (!key || *key != best) break;
+          pop(tb);
+          --need;
+        }
+      }
+    }
+    // Rows whose next use is known, furthest first (kOracle).
+    const Iteration ring = lookahead_ + 1;
+    for (Iteration b = i + lookahead_ - 1; b > i && need > 0; --b) {
+      for (int tb = 0; tb < tables_ && need > 0; ++tb) {
+        std::vector<SlotId>& bucket = c.tables[tb].buckets[static_cast<size_t>(b % ring)];
+        while (need > 0 && !bucket.empty()) {
+          if (bucket.size() > kAhead) __builtin_prefetch(slots + bucket[bucket.size() - kAhead]);
+          const SlotId slot = bucket.back();
+          bucket.pop_back();
+          add_victim(slot, tb);
+          --need;
+        }
+      }
+    }
+    if (need > 0) return false;
+  }
+
+  const int64_t victims = static_cast<int64_t>(plan.extract.size());
+  c.resident += misses - victims;
+  if (victims > misses) {
+    // kOff: slots left over go back to the free stack, lowest victim index on top.
+    for (int64_t k = victims - 1; k >= misses; --k) c.free_slots.push_back(c.fill_slots[k]);
+    c.fill_slots.resize(static_cast<size_t>(misses));
+  }
+  while (static_cast<int64_t>(c.fill_slots.size()) < misses) {
+    c.fill_slots.push_back(c.free_slots.back());
+    c.free_slots.pop_back();
+  }
+  return true;
+}
+
+void Planner::Impl::ExpireRecords(int table, Iteration i) {
+  TableTrack& track = caches_[0].tables[table];
+  const Iteration limit = i - horizon_;
+  while (!track.expiry.empty() && track.expiry.front().first < limit) {
+    const int64_t id = track.expiry.front().second;
+    track.expiry.pop_front();
+    const TrainerRow* row = track.rows.Find(id);
+    // Forgotten only if it is still not resident, has no window occurrence and its latest
+    // write-back is older than the horizon (a later eviction queued a later entry).
+    if (row != nullptr && row->slot == kNoSlot && row->last_occ < i && row->write_back < limit) {
+      track.rows.Erase(id);
+    }
+  }
+}
+
+void Planner::Impl::Apply(int trainer, int table, Iteration i) {
+  TrainerCache& c = caches_[trainer];
+  TrainerSlice& slice = window(i).trainers[trainer];
+  Segment& seg = slice.tables[table];
+  TableTrack& track = c.tables[table];
+  TrainerPlan& plan = slice.plan;
+  const bool single = trainers_ == 1;
+  const bool lfu = options_.policy == CachePolicy::kLfu;
+  const RowId base = table_offsets_[table];
+  SlotState* slots = c.slots.data();
+  if (single && !lfu) ExpireRecords(table, i);
+
+  // Victims first: with several trainers their records may be erased, which moves records.
+  const size_t victims = seg.victims.size();
+  auto victim_id = [&](size_t v) {
+    return static_cast<int64_t>(plan.extract[seg.victims[v].extract].row - base);
+  };
+  for (size_t v = 0; v < victims; ++v) {
+    if (v + kAhead < victims) track.rows.Prefetch(victim_id(v + kAhead));
+    oracle_internal::Victim& victim = seg.victims[v];
+    const int64_t id = victim_id(v);
+    TrainerRow& row = *track.rows.Find(id);
+    row.slot = kNoSlot;
+    if (single) {
+      // Written back now; the record keeps the stamp until it is older than the horizon
+      // (kLfu keeps every record: use counts persist across evictions).
+      row.write_back = static_cast<int32_t>(i);
+      if (!lfu) track.expiry.emplace_back(i, id);
+    } else {
+      victim.global = row.global;
+      // Not used at i (except under kOff); the record goes unless the window still uses it.
+      if (row.last_occ < i && !lfu) track.rows.Erase(id);
+    }
+  }
+
+  const size_t misses = seg.misses.size();
+  for (size_t j = 0; j < misses; ++j) {
+    if (j + kAhead < misses) {
+      track.rows.Prefetch(static_cast<int64_t>(seg.rows[seg.misses[j + kAhead]] - base));
+    }
+    const int32_t p = seg.misses[j];
+    const size_t fill = static_cast<size_t>(seg.first_fill) + j;
+    const SlotId slot = c.fill_slots[fill];
+    TrainerRow& row = *track.rows.Find(static_cast<int64_t>(seg.rows[p] - base));
+    row.slot = slot;
+    seg.slots[p] = slot;
+    SlotState& state = slots[slot];
+    state.row = seg.rows[p];
+    state.table = static_cast<int16_t>(table);
+    Iteration after = -1;
+    if (single && row.write_back >= i - horizon_) after = row.write_back;
+    plan.fills[fill] = Fill{slot, seg.rows[p], after};
+  }
+
+  const int32_t n = static_cast<int32_t>(seg.rows.size());
+  std::copy(seg.slots.begin(), seg.slots.end(), plan.unique_slots.begin() + seg.first_unique);
+  if (!queued_policy()) return;
+  const Iteration ring = static_cast<Iteration>(track.buckets.size());
+  const int32_t* next = NextUses(track, i);
+  for (int32_t p = 0; p < n; ++p) {
+    const SlotId slot = seg.slots[p];
+    if (next[p] > 0) {
+      track.buckets[static_cast<size_t>((i + next[p]) % ring)].push_back(slot);
+      continue;
+    }
+    if (p + kAhead < n) __builtin_prefetch(slots + seg.slots[p + kAhead], 1);
+    SlotState& state = slots[slot];
+    const uint32_t version = ++state.version;
+    state.queued = 1;
+    if (lfu) {
+      EvictionQueue& queue = track.lfu[seg.uses[p]];
+      queue.Push(slot, version, i);
+      queue.MaybeCompact(slots);
+    } else {
+      track.lru.Push(slot, version, i);
+    }
+  }
+  track.buckets[static_cast<size_t>(i % ring)].clear();
+  if (!lfu) track.lru.MaybeCompact(slots);
+}
+
+std::vector<TrainerPlan> Planner::Impl::DrainCaches() {
+  std::vector<TrainerPlan> plans;
+  for (int t = 0; t < trainers_; ++t) {
+    plans.push_back(DrainPlan(t));
+    TrainerPlan& plan = plans.back();
+    TrainerCache& c = caches_[t];
+    for (SlotId slot = 0; slot < static_cast<SlotId>(c.slots.size()); ++slot) {
+      const SlotState& state = c.slots[slot];
+      if (state.table < 0) continue;
+      bool write_back = true;  // one trainer: every resident row is dirty
+      if (trainers_ > 1) {
+        TableTrack& track = caches_[t].tables[state.table];
+        const TrainerRow& row =
+            *track.rows.Find(static_cast<int64_t>(state.row - table_offsets_[state.table]));
+        const oracle_internal::GlobalRow& g = globals_[state.table].rows[row.global];
+        write_back = g.dirty && std::countr_zero(g.holders) == t;
+      }
+      plan.extract.push_back({slot, state.row, /*evict=*/true, write_back});
+      if (write_back) Count(PlannerCounter::kDrainWriteBacks, 1);
+    }
+  }
+  return plans;
+}
+
+}  // namespace bagpipe

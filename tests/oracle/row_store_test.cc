@@ -1,0 +1,101 @@
+// The planner's row containers (oracle/row_store.h) against std::map under random churn.
+#include "oracle/row_store.h"
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "core/random.h"
+#include "gtest/gtest.h"
+
+namespace bagpipe::oracle_internal {
+namespace {
+
+struct Record {
+  int64_t value = -1;
+  static Record Absent() { return Record{}; }
+  bool present() const { return value >= 0; }
+};
+
+// Random inserts, updates and erasures over a key space much larger than the live set, as the
+// planner's sliding window does; every state is compared with std::map.
+void Churn(int64_t table_rows, int64_t dense_max_rows, uint64_t seed) {
+  RowTable<Record> table;
+  table.Init(table_rows, dense_max_rows);
+  std::map<int64_t, int64_t> reference;
+  CounterRng rng(seed);
+  for (int step = 0; step < 200000; ++step) {
+    // Keys cluster (a hot range) so that probe sequences collide and wrap around.
+    const int64_t id = rng.NextBelow(4) == 0 ? static_cast<int64_t>(rng.NextBelow(64))
+                                             : static_cast<int64_t>(rng.NextBelow(table_rows));
+    const uint64_t op = rng.NextBelow(10);
+    if (op < 5) {
+      bool inserted;
+      Record& r = table.FindOrInsert(id, &inserted);
+      ASSERT_EQ(inserted, reference.count(id) == 0) << "step " << step << " id " << id;
+      if (inserted) table.CountInsert();
+      r.value = step;
+      reference[id] = step;
+    } else if (op < 8) {
+      table.Erase(id);
+      reference.erase(id);
+    } else {
+      const Record* r = table.Find(id);
+      const auto it = reference.find(id);
+      ASSERT_EQ(r != nullptr, it != reference.end()) << "step " << step << " id " << id;
+      if (r != nullptr) ASSERT_EQ(r->value, it->second);
+    }
+    ASSERT_EQ(table.size(), static_cast<int64_t>(reference.size()));
+  }
+  for (const auto& [id, value] : reference) {
+    const Record* r = table.Find(id);
+    ASSERT_NE(r, nullptr) << id;
+    EXPECT_EQ(r->value, value);
+  }
+}
+
+TEST(RowTableTest, HashFormMatchesAMapUnderChurn) { Churn(1 << 20, 0, 1); }
+TEST(RowTableTest, HashFormWrapsAroundInASmallKeySpace) { Churn(3000, 0, 2); }
+TEST(RowTableTest, DenseFormMatchesAMapUnderChurn) { Churn(5000, 1 << 20, 3); }
+
+TEST(RowTableTest, ReserveKeepsRecordsInPlace) {
+  RowTable<Record> table;
+  table.Init(int64_t{1} << 40, 0);
+  table.Reserve(5000);
+  bool inserted;
+  Record* first = &table.FindOrInsert(7, &inserted);
+  first->value = 1;
+  for (int64_t id = 100; id < 5099; ++id) table.FindOrInsert(id * 977, &inserted).value = id;
+  EXPECT_EQ(table.Find(7), first);
+  EXPECT_EQ(table.size(), 5000);
+}
+
+TEST(RowIndexTest, MapsRowsToHandlesInBothForms) {
+  for (int64_t dense_max : {int64_t{0}, int64_t{1} << 20}) {
+    RowIndex index;
+    index.Init(1000, dense_max);
+    EXPECT_EQ(index.Find(5), kNoHandle);
+    EXPECT_EQ(index.FindOrInsert(5), kNoHandle);
+    index.FindOrInsert(5) = 42;
+    EXPECT_EQ(index.Find(5), 42u);
+    index.Erase(5);
+    EXPECT_EQ(index.Find(5), kNoHandle);
+  }
+}
+
+TEST(BatchDedupTest, NumbersDistinctKeysInFirstOccurrenceOrder) {
+  BatchDedup dedup;
+  for (int round = 0; round < 3; ++round) {
+    dedup.Reset(6);
+    std::vector<int32_t> positions;
+    for (int64_t key : std::vector<int64_t>{9, 4, 9, 100000000000, 4, 7}) {
+      bool inserted;
+      positions.push_back(dedup.Insert(key, &inserted));
+    }
+    EXPECT_EQ(positions, (std::vector<int32_t>{0, 1, 0, 2, 1, 3}));
+    EXPECT_EQ(dedup.size(), 4);
+  }
+}
+
+}  // namespace
+}  // namespace bagpipe::oracle_internal
