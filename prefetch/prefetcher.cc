@@ -1,0 +1,252 @@
+#include "prefetch/prefetcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "core/timer.h"
+#include "sync/protocol.h"
+
+namespace bagpipe {
+
+struct Prefetcher::Item {
+  const DeviceContext* context = nullptr;
+  Iteration iteration = 0;
+  int64_t rows = 0;
+  // Per server: positions (in request order) of the rows it owns.
+  std::vector<std::vector<int64_t>> positions;
+  int pending = 0;  // servers yet to answer
+  bool ready = false;
+  // Host staging (pinned on CUDA) and device staging; on CPU the host buffer serves both.
+  float* host = nullptr;
+  float* device = nullptr;
+  int64_t capacity_floats = 0;
+
+  ~Item() {
+    if (context == nullptr) return;
+    if (device != host) context->Free(device);
+    context->FreePinned(host);
+  }
+};
+
+Prefetcher::Prefetcher(Transport& transport, JobLayout layout, int trainer,
+                       std::shared_ptr<DeviceContext> context, int record_floats,
+                       absl::Duration peer_timeout)
+    : transport_(transport),
+      layout_(layout),
+      trainer_(trainer),
+      context_(std::move(context)),
+      record_floats_(record_floats),
+      peer_timeout_(peer_timeout) {
+  receiver_ = std::thread([this] { ReceiveLoop(); });
+}
+
+Prefetcher::~Prefetcher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  // Wake the receiver: a message to ourselves with the response tag and an empty payload.
+  if (!transport_.Send(transport_.rank(), kTagFetchResponse, Bytes{}).ok()) {
+    // The job was aborted: the receiver sees the abort status and exits on its own.
+  }
+  receiver_.join();
+}
+
+absl::Status Prefetcher::Request(Iteration iteration, const std::vector<RowId>& rows,
+                                 const std::vector<Iteration>& after_stamps) {
+  const int servers = layout_.servers;
+  std::vector<FetchRequest> requests(servers);
+  auto item = std::unique_ptr<Item>();
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(error_);
+    if (!items_.empty() && items_.rbegin()->first >= iteration) {
+      return absl::InternalError(absl::StrCat("prefetch requests out of order: ", iteration,
+                                              " after ", items_.rbegin()->first));
+    }
+    // Reuse the largest free buffers when they are big enough.
+    const int64_t floats = static_cast<int64_t>(rows.size()) * record_floats_;
+    for (auto it = free_items_.begin(); it != free_items_.end(); ++it) {
+      if ((*it)->capacity_floats >= floats) {
+        item = std::move(*it);
+        free_items_.erase(it);
+        break;
+      }
+    }
+  }
+  if (item == nullptr) item = std::make_unique<Item>();
+  const int64_t floats = static_cast<int64_t>(rows.size()) * record_floats_;
+  if (item->capacity_floats < floats) {
+    // Grow to the next power of two to amortise reallocations.
+    int64_t capacity = 1;
+    while (capacity < floats) capacity <<= 1;
+    Item fresh;
+    fresh.context = context_.get();
+    ASSIGN_OR_RETURN(void* host, context_->AllocatePinned(capacity * sizeof(float)));
+    fresh.host = static_cast<float*>(host);
+    if (context_->is_cuda()) {
+      ASSIGN_OR_RETURN(void* device, context_->Allocate(capacity * sizeof(float)));
+      fresh.device = static_cast<float*>(device);
+    } else {
+      fresh.device = fresh.host;
+    }
+    fresh.capacity_floats = capacity;
+    std::swap(item->context, fresh.context);
+    std::swap(item->host, fresh.host);
+    std::swap(item->device, fresh.device);
+    std::swap(item->capacity_floats, fresh.capacity_floats);
+  }
+  item->iteration = iteration;
+  item->rows = static_cast<int64_t>(rows.size());
+  item->positions.assign(servers, {});
+  item->ready = false;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const int s = ServerOfRow(rows[k], servers);
+    requests[s].rows.push_back(rows[k]);
+    requests[s].after_stamps.push_back(after_stamps[k]);
+    item->positions[s].push_back(static_cast<int64_t>(k));
+  }
+  std::vector<int> targets;
+  {
+    absl::MutexLock lock(&mu_);
+    item->pending = 0;
+    for (int s = 0; s < servers; ++s) {
+      if (requests[s].rows.empty()) continue;
+      requests[s].id = next_request_id_++;
+      requests[s].iteration = iteration;
+      requests_[requests[s].id] = {iteration, s};
+      ++item->pending;
+      targets.push_back(s);
+      ++stats_.requests;
+    }
+    item->ready = item->pending == 0;
+    stats_.rows += item->rows;
+    ++stats_.iterations;
+    items_[iteration] = std::move(item);
+  }
+  for (int s : targets) {
+    RETURN_IF_ERROR(
+        transport_.Send(layout_.server_rank(s), kTagFetchRequest, EncodeFetchRequest(requests[s])));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Prefetcher::Staging> Prefetcher::Wait(Iteration iteration) {
+  Stopwatch watch;
+  absl::MutexLock lock(&mu_);
+  auto found = items_.find(iteration);
+  if (found == items_.end()) {
+    return absl::InternalError(absl::StrCat("no prefetch was requested for iteration ", iteration));
+  }
+  Item* item = found->second.get();
+  auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return item->ready || !error_.ok(); };
+  mu_.Await(absl::Condition(&done));
+  const double waited = watch.Seconds();
+  stats_.wait_seconds += waited;
+  stats_.max_wait_seconds = std::max(stats_.max_wait_seconds, waited);
+  RETURN_IF_ERROR(error_);
+  return Staging{item->device, item->rows};
+}
+
+void Prefetcher::Release(Iteration iteration) {
+  absl::MutexLock lock(&mu_);
+  auto found = items_.find(iteration);
+  if (found == items_.end()) return;
+  constexpr size_t kKeepFree = 4;
+  if (free_items_.size() < kKeepFree) free_items_.push_back(std::move(found->second));
+  items_.erase(found);
+}
+
+PrefetchStats Prefetcher::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void Prefetcher::FailAll(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (error_.ok()) error_ = status;
+}
+
+absl::Status Prefetcher::HandleResponse(const Message& message) {
+  ASSIGN_OR_RETURN(FetchResponse response, DecodeFetchResponse(message.payload));
+  Item* item = nullptr;
+  int server = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto request = requests_.find(response.id);
+    if (request == requests_.end()) {
+      return absl::DataLossError(absl::StrCat("fetch response with unknown id ", response.id,
+                                              " from rank ", message.source));
+    }
+    server = request->second.second;
+    item = items_.at(request->second.first).get();
+    requests_.erase(request);
+  }
+  // The item cannot be released while a response is outstanding (it is not ready), so it is
+  // safe to fill without the lock.
+  const std::vector<int64_t>& positions = item->positions[server];
+  if (response.records.size() != positions.size() * static_cast<size_t>(record_floats_)) {
+    return absl::DataLossError(absl::StrFormat(
+        "fetch response from rank %d for iteration %d has %d floats, expected %d", message.source,
+        item->iteration, response.records.size(), positions.size() * record_floats_));
+  }
+  for (size_t k = 0; k < positions.size(); ++k) {
+    std::memcpy(item->host + positions[k] * record_floats_,
+                response.records.data() + k * record_floats_, record_floats_ * sizeof(float));
+  }
+  bool complete = false;
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.bytes += static_cast<int64_t>(response.records.size() * sizeof(float));
+    complete = --item->pending == 0;
+  }
+  if (complete) {
+    if (context_->is_cuda()) {
+      RETURN_IF_ERROR(context_->CopyToDevice(
+          item->device, item->host, item->rows * record_floats_ * sizeof(float), Stream::kCopy));
+      RETURN_IF_ERROR(context_->Synchronize(Stream::kCopy));
+    }
+    absl::MutexLock lock(&mu_);
+    item->ready = true;
+  }
+  return absl::OkStatus();
+}
+
+void Prefetcher::ReceiveLoop() {
+  if (absl::Status status = context_->MakeCurrent(); !status.ok()) {
+    FailAll(status);
+    return;
+  }
+  while (true) {
+    absl::StatusOr<Message> message =
+        transport_.Receive(kAnySource, kTagFetchResponse, peer_timeout_);
+    bool outstanding = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      outstanding = !requests_.empty();
+    }
+    if (!message.ok()) {
+      if (absl::IsDeadlineExceeded(message.status()) && !outstanding) continue;
+      FailAll(absl::IsDeadlineExceeded(message.status())
+                  ? absl::DeadlineExceededError(absl::StrFormat(
+                        "trainer %d waited %s for rows from the embedding servers; a server "
+                        "died or hung",
+                        trainer_, absl::FormatDuration(peer_timeout_)))
+                  : message.status());
+      return;
+    }
+    if (message->source == transport_.rank()) continue;  // a wake-up
+    if (absl::Status status = HandleResponse(*message); !status.ok()) {
+      FailAll(status);
+      transport_.Abort(status);
+      return;
+    }
+  }
+}
+
+}  // namespace bagpipe

@@ -1,0 +1,243 @@
+// The product's core promise: training through the cache is numerically identical to plain
+// synchronous training. An embedding-only logistic regression (pooled embeddings times a dense
+// weight vector, both trained) runs through the full runtime — oracle, servers, prefetchers,
+// trainers, exchanges, write-backs — and after Flush() the tables, optimizer state and dense
+// weights are bit-identical to the `off` run (fetch every row every iteration, write everything
+// back), for every cache mode, capacity, lookahead, trainer count and optimizer.
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "cache/embedding_cache.h"
+#include "core/status.h"
+#include "data/synthetic.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "trainer_hooks/job.h"
+#include "trainer_hooks/param_dump.h"
+
+namespace bagpipe {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kDim = 4;
+constexpr char kData[] = "samples=6400,rows=400/60/1500/9,dense=2,alpha=1.1,pooling=1-3,seed=3";
+
+struct TrainedRun {
+  std::string sha;
+  std::vector<float> dense;
+  std::map<RowId, std::vector<float>> rows;
+  JobResult result;
+};
+
+// Logistic regression over the pooled embeddings: logit = sum_{t,c} w[t,c] * pooled[t,c].
+absl::Status LogisticLoop(Trainer& trainer, int tables, TrainerOutcome* outcome) {
+  std::vector<float> w(tables * kDim, 0.05f);
+  std::vector<float> grad_w(w.size());
+  std::vector<float> pooled_host, pooled_grad;
+  const auto& context = trainer.context();
+  LocalBatch batch;
+  double loss_sum = 0;
+  while (true) {
+    ASSIGN_OR_RETURN(bool more, trainer.BeginIteration(&batch));
+    if (!more) break;
+    ASSIGN_OR_RETURN(const float* pooled, trainer.LookupPooled());
+    const size_t width = static_cast<size_t>(tables) * kDim;
+    pooled_host.resize(batch.num_samples * width);
+    RETURN_IF_ERROR(context->CopyToHost(pooled_host.data(), pooled, pooled_host.size() * 4));
+    RETURN_IF_ERROR(context->Synchronize());
+    pooled_grad.assign(pooled_host.size(), 0.0f);
+    std::fill(grad_w.begin(), grad_w.end(), 0.0f);
+    const float scale = 1.0f / static_cast<float>(batch.global_batch_size);
+    for (int s = 0; s < batch.num_samples; ++s) {
+      float logit = 0;
+      for (size_t k = 0; k < width; ++k) logit += w[k] * pooled_host[s * width + k];
+      const float p = 1.0f / (1.0f + std::exp(-logit));
+      const float y = batch.labels_host[s];
+      loss_sum += -(y * std::log(std::max(p, 1e-7f)) + (1 - y) * std::log(std::max(1 - p, 1e-7f)));
+      const float d = (p - y) * scale;
+      for (size_t k = 0; k < width; ++k) {
+        pooled_grad[s * width + k] = d * w[k];
+        grad_w[k] += d * pooled_host[s * width + k];
+      }
+    }
+    RETURN_IF_ERROR(trainer.AllReduce(grad_w.data(), grad_w.size()));
+    for (size_t k = 0; k < w.size(); ++k) w[k] -= 0.5f * grad_w[k];
+    // Hand the pooled gradient back in the trainer's memory.
+    ASSIGN_OR_RETURN(auto device_grad, DeviceArray<float>::Create(context, pooled_grad.size()));
+    RETURN_IF_ERROR(
+        context->CopyToDevice(device_grad.data(), pooled_grad.data(), pooled_grad.size() * 4));
+    RETURN_IF_ERROR(trainer.EndIteration(device_grad.data()));
+    RETURN_IF_ERROR(context->Synchronize());
+  }
+  RETURN_IF_ERROR(trainer.Flush());
+  outcome->dense_parameters = w;
+  outcome->info["loss_sum"] = loss_sum;
+  return absl::OkStatus();
+}
+
+TrainedRun Train(const std::string& policy, int64_t cache_rows, int lookahead, int trainers,
+                 OptimizerKind optimizer, int servers = 2, int iterations = 200) {
+  TrainedRun run;
+  auto config = ParseSyntheticConfig(kData);
+  EXPECT_TRUE(config.ok());
+  auto source = OpenSynthetic(*config, SourceOptions{});
+  EXPECT_TRUE(source.ok());
+  const Schema schema = (*source)->schema();
+  auto stream = std::make_unique<BatchStream>(std::move(*source),
+                                              BatchStream::Options{64, /*epochs=*/0, false});
+  JobOptions options;
+  options.layout = {servers, trainers};
+  options.peer_timeout = absl::Seconds(60);
+  options.trainer.dim = kDim;
+  options.trainer.sparse_optimizer = {optimizer, 0.3f, 1e-8f, 0.1f};
+  options.trainer.policy = *ParseCachePolicy(policy);
+  options.trainer.cache_rows = cache_rows;
+  options.trainer.prefetch_depth = 3;
+  options.trainer.initializer =
+      RowInitializer(11, kDim, StateFloatsPerRow(optimizer, kDim), 0.1f, schema.table_rows);
+  options.oracle.planner.schema = schema;
+  options.oracle.planner.num_trainers = trainers;
+  options.oracle.planner.capacity = cache_rows;
+  options.oracle.planner.lookahead = lookahead;
+  options.oracle.planner.policy = options.trainer.policy;
+  options.oracle.max_iterations = iterations;
+  options.oracle.plan_queue_depth = 3;
+  auto writer = ParamWriter::Create("", {}, RecordFloats(optimizer, kDim));
+  EXPECT_TRUE(writer.ok());
+  ParamSink sink;
+  sink.dense = [&](const std::vector<float>& dense) {
+    run.dense = dense;
+    return (*writer)->AddDense(dense);
+  };
+  sink.row = [&](RowId row, const float* record) {
+    run.rows[row] = std::vector<float>(record, record + RecordFloats(optimizer, kDim));
+    return (*writer)->AddRow(row, record);
+  };
+  const int tables = schema.num_tables();
+  absl::Status status = RunEmbeddedJob(
+      options, std::move(stream), nullptr,
+      [&](Trainer& trainer, TrainerOutcome* outcome) {
+        return LogisticLoop(trainer, tables, outcome);
+      },
+      sink, &run.result);
+  EXPECT_TRUE(status.ok()) << policy << ": " << status;
+  auto sha = (*writer)->Finish();
+  EXPECT_TRUE(sha.ok());
+  run.sha = *sha;
+  return run;
+}
+
+void ExpectIdentical(const TrainedRun& reference, const TrainedRun& run, const std::string& what) {
+  ASSERT_FALSE(reference.rows.empty());
+  EXPECT_EQ(run.dense, reference.dense) << what;
+  EXPECT_EQ(run.rows.size(), reference.rows.size()) << what;
+  int64_t differing = 0;
+  for (const auto& [row, record] : reference.rows) {
+    auto it = run.rows.find(row);
+    if (it == run.rows.end() || it->second != record) ++differing;
+  }
+  EXPECT_EQ(differing, 0) << what << ": rows differing from `off`";
+  EXPECT_EQ(run.sha, reference.sha) << what;
+}
+
+class EquivalenceTest : public ::testing::TestWithParam<OptimizerKind> {};
+
+TEST_P(EquivalenceTest, EveryModeMatchesOffBitForBitOneTrainer) {
+  const OptimizerKind optimizer = GetParam();
+  const TrainedRun off = Train("off", 4000, 1, 1, optimizer);
+  EXPECT_GT(off.result.trainers[0].stats.fills, 0);
+  ExpectIdentical(off, Train("oracle", 1200, 20, 1, optimizer), "oracle C=1200 L=20");
+  ExpectIdentical(off, Train("oracle", 350, 5, 1, optimizer), "oracle C=350 L=5");
+  ExpectIdentical(off, Train("lru", 600, 1, 1, optimizer), "lru C=600");
+  ExpectIdentical(off, Train("lfu", 600, 1, 1, optimizer), "lfu C=600");
+  ExpectIdentical(off, Train("device", 0, 1, 1, optimizer), "device");
+}
+
+TEST_P(EquivalenceTest, EveryModeMatchesOffBitForBitSeveralTrainers) {
+  const OptimizerKind optimizer = GetParam();
+  for (int trainers : {2, 3}) {
+    const TrainedRun off =
+        Train("off", 4000, 1, trainers, optimizer, /*servers=*/2, /*iterations=*/120);
+    const std::string t = " T=" + std::to_string(trainers);
+    ExpectIdentical(off, Train("oracle", 500, 10, trainers, optimizer, 2, 120), "oracle" + t);
+    ExpectIdentical(off, Train("lru", 500, 1, trainers, optimizer, 1, 120), "lru" + t);
+    ExpectIdentical(off, Train("device", 0, 1, trainers, optimizer, 1, 120), "device" + t);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, EquivalenceTest,
+                         ::testing::Values(OptimizerKind::kSgd, OptimizerKind::kAdagrad,
+                                           OptimizerKind::kRowwiseAdagrad),
+                         [](const auto& info) {
+                           return std::string(OptimizerName(info.param)) == "rowwise-adagrad"
+                                      ? std::string("rowwise_adagrad")
+                                      : std::string(OptimizerName(info.param));
+                         });
+
+TEST(RuntimeFaultTest, CapacityTooSmallForABatchIsAClearError) {
+  auto source = OpenSynthetic(std::string(kData), SourceOptions{});
+  ASSERT_TRUE(source.ok());
+  const Schema schema = (*source)->schema();
+  auto stream =
+      std::make_unique<BatchStream>(std::move(*source), BatchStream::Options{64, 0, false});
+  JobOptions options;
+  options.layout = {1, 1};
+  options.peer_timeout = absl::Seconds(30);
+  options.trainer.dim = kDim;
+  options.trainer.cache_rows = 20;
+  options.trainer.initializer = RowInitializer(1, kDim, 0, 0, schema.table_rows);
+  options.oracle.planner.schema = schema;
+  options.oracle.planner.capacity = 20;
+  options.oracle.max_iterations = 10;
+  JobResult result;
+  absl::Status status = RunEmbeddedJob(
+      options, std::move(stream), nullptr,
+      [&](Trainer& trainer, TrainerOutcome* outcome) {
+        return LogisticLoop(trainer, schema.num_tables(), outcome);
+      },
+      ParamSink{}, &result);
+  ASSERT_FALSE(status.ok());
+  EXPECT_THAT(std::string(status.message()), HasSubstr("capacity"));
+}
+
+TEST(RuntimeFaultTest, AFailingTrainingLoopEndsEveryRoleWithItsMessage) {
+  auto source = OpenSynthetic(std::string(kData), SourceOptions{});
+  ASSERT_TRUE(source.ok());
+  const Schema schema = (*source)->schema();
+  auto stream =
+      std::make_unique<BatchStream>(std::move(*source), BatchStream::Options{64, 0, false});
+  JobOptions options;
+  options.layout = {2, 2};
+  options.peer_timeout = absl::Seconds(30);
+  options.trainer.dim = kDim;
+  options.trainer.cache_rows = 1000;
+  options.trainer.initializer = RowInitializer(1, kDim, 0, 0, schema.table_rows);
+  options.oracle.planner.schema = schema;
+  options.oracle.planner.num_trainers = 2;
+  options.oracle.planner.capacity = 1000;
+  options.oracle.max_iterations = 50;
+  JobResult result;
+  absl::Status status = RunEmbeddedJob(
+      options, std::move(stream), nullptr,
+      [&](Trainer& trainer, TrainerOutcome*) -> absl::Status {
+        LocalBatch batch;
+        for (int i = 0;; ++i) {
+          ASSIGN_OR_RETURN(bool more, trainer.BeginIteration(&batch));
+          if (!more) break;
+          if (trainer.id() == 1 && i == 2) return absl::InternalError("trainer 1 ran out of luck");
+          std::vector<float> zeros(batch.num_samples * schema.num_tables() * kDim, 0.0f);
+          ASSIGN_OR_RETURN(const float* pooled, trainer.LookupPooled());
+          (void)pooled;
+          RETURN_IF_ERROR(trainer.EndIteration(zeros.data()));
+        }
+        return absl::InternalError("unreachable in this test");
+      },
+      ParamSink{}, &result);
+  ASSERT_FALSE(status.ok());
+  EXPECT_THAT(std::string(status.message()), HasSubstr("ran out of luck"));
+}
+
+}  // namespace
+}  // namespace bagpipe

@@ -1,0 +1,50 @@
+// The data loader + oracle role (rank 0): reads the global batches, plans them with the
+// lookahead Planner, and streams every trainer its plans — ahead of need, but never more than
+// `plan_queue_depth` unconsumed plans per trainer (credit-based flow control, so memory stays
+// bounded whatever the speed difference). After the last iteration it sends each trainer the
+// drain plan (write back everything), then the evaluation shards, then an end marker.
+#ifndef BAGPIPE_TRAINER_HOOKS_ORACLE_ROLE_H_
+#define BAGPIPE_TRAINER_HOOKS_ORACLE_ROLE_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "data/source.h"
+#include "nlohmann/json.hpp"
+#include "oracle/planner.h"
+#include "sync/roles.h"
+#include "sync/transport.h"
+
+namespace bagpipe {
+
+struct OracleRoleOptions {
+  PlannerOptions planner;
+  int64_t max_iterations = -1;  // stop after this many global batches (-1: end of stream)
+  int plan_queue_depth = 8;     // unconsumed plans per trainer
+  absl::Duration peer_timeout = absl::Seconds(120);
+};
+
+struct OracleRoleStats {
+  int64_t iterations = 0;
+  int64_t eval_batches = 0;
+  double plan_seconds = 0;         // time inside the planner
+  double read_seconds = 0;         // time reading batches
+  double credit_wait_seconds = 0;  // time waiting for trainers to consume plans
+  nlohmann::json planner;          // the planner's own statistics
+  nlohmann::json ToJson() const;
+};
+
+// Runs the oracle role until every plan, the drain and the evaluation shards are sent.
+// `eval` may be null. On failure the job is aborted (every rank sees the error).
+absl::Status RunOracle(Transport& transport, const JobLayout& layout, BatchStream& train,
+                       BatchStream* eval, const OracleRoleOptions& options, OracleRoleStats* stats);
+
+// Turns shard `trainer` of an evaluation batch into a kEval plan (rows deduplicated, slots
+// 0..unique-1 of a scratch table). Exposed for tests.
+TrainerPlan MakeEvalPlan(const Batch& global_batch, const Schema& schema, int trainer,
+                         int num_trainers, Iteration index);
+
+}  // namespace bagpipe
+
+#endif  // BAGPIPE_TRAINER_HOOKS_ORACLE_ROLE_H_

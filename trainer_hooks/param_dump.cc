@@ -1,0 +1,207 @@
+#include "trainer_hooks/param_dump.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace bagpipe {
+namespace {
+
+constexpr char kMagic[8] = {'B', 'G', 'P', 'A', 'R', 'A', 'M', 'S'};
+// The header is written first with a fixed size so the final values (row count, hash) can be
+// filled in at the end without moving the body.
+constexpr size_t kHeaderBytes = 64 * 1024;
+
+std::string ParamsPath(const std::string& path) {
+  std::error_code ignored;
+  if (std::filesystem::is_directory(path, ignored)) return path + "/params.bin";
+  return path;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ParamWriter>> ParamWriter::Create(const std::string& dir,
+                                                                 nlohmann::json header,
+                                                                 int record_floats) {
+  auto writer = std::unique_ptr<ParamWriter>(new ParamWriter());
+  writer->dir_ = dir;
+  writer->header_ = std::move(header);
+  writer->record_floats_ = record_floats;
+  if (!dir.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(dir, error);
+    if (error) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot create parameter directory '", dir, "': ", error.message()));
+    }
+    writer->temp_path_ = dir + "/params.bin.partial";
+    writer->file_ = std::fopen(writer->temp_path_.c_str(), "wb");
+    if (writer->file_ == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot write '", writer->temp_path_, "': ", std::strerror(errno)));
+    }
+    std::vector<char> blank(kHeaderBytes, ' ');
+    if (std::fwrite(blank.data(), 1, blank.size(), writer->file_) != blank.size()) {
+      return absl::DataLossError(absl::StrCat("failed writing '", writer->temp_path_, "'"));
+    }
+  }
+  return writer;
+}
+
+ParamWriter::~ParamWriter() {
+  if (file_ != nullptr) {
+    std::fclose(file_);
+    std::remove(temp_path_.c_str());
+  }
+}
+
+absl::Status ParamWriter::Write(const void* data, size_t bytes) {
+  sha_.Update(data, bytes);
+  if (file_ != nullptr && std::fwrite(data, 1, bytes, file_) != bytes) {
+    return absl::DataLossError(
+        absl::StrCat("failed writing '", temp_path_, "': ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParamWriter::AddDense(const std::vector<float>& dense) {
+  dense_count_ = static_cast<int64_t>(dense.size());
+  return Write(dense.data(), dense.size() * sizeof(float));
+}
+
+absl::Status ParamWriter::AddRow(RowId row, const float* record) {
+  if (has_last_ && row <= last_row_) {
+    return absl::InternalError(
+        absl::StrCat("parameter rows out of order: ", row, " after ", last_row_));
+  }
+  has_last_ = true;
+  last_row_ = row;
+  ++rows_;
+  RETURN_IF_ERROR(Write(&row, sizeof(row)));
+  return Write(record, static_cast<size_t>(record_floats_) * sizeof(float));
+}
+
+absl::StatusOr<std::string> ParamWriter::Finish() {
+  const std::string digest = sha_.HexDigest();
+  if (file_ == nullptr) return digest;
+  header_["record_floats"] = record_floats_;
+  header_["dense_count"] = dense_count_;
+  header_["rows"] = rows_;
+  header_["sha256"] = digest;
+  const std::string text = header_.dump();
+  if (text.size() + sizeof(kMagic) + sizeof(uint64_t) > kHeaderBytes) {
+    return absl::InternalError("parameter header too large");
+  }
+  std::fseek(file_, 0, SEEK_SET);
+  const uint64_t length = text.size();
+  const bool ok = std::fwrite(kMagic, 1, sizeof(kMagic), file_) == sizeof(kMagic) &&
+                  std::fwrite(&length, sizeof(length), 1, file_) == 1 &&
+                  std::fwrite(text.data(), 1, text.size(), file_) == text.size();
+  const bool closed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  if (!ok || !closed) {
+    return absl::DataLossError(absl::StrCat("failed finishing '", temp_path_, "'"));
+  }
+  const std::string final_path = dir_ + "/params.bin";
+  if (std::rename(temp_path_.c_str(), final_path.c_str()) != 0) {
+    return absl::DataLossError(absl::StrCat("cannot rename '", temp_path_, "' to '", final_path,
+                                            "': ", std::strerror(errno)));
+  }
+  return digest;
+}
+
+absl::StatusOr<ParamDump> ReadParamDump(const std::string& path) {
+  const std::string file_path = ParamsPath(path);
+  std::FILE* file = std::fopen(file_path.c_str(), "rb");
+  if (file == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot open '", file_path, "': ", std::strerror(errno)));
+  }
+  auto close = [&] { std::fclose(file); };
+  char magic[8];
+  uint64_t length = 0;
+  if (std::fread(magic, 1, 8, file) != 8 || std::memcmp(magic, kMagic, 8) != 0 ||
+      std::fread(&length, sizeof(length), 1, file) != 1 || length > kHeaderBytes) {
+    close();
+    return absl::DataLossError(absl::StrCat("'", file_path, "' is not a Bagpipe parameter file"));
+  }
+  std::string text(length, '\0');
+  if (std::fread(text.data(), 1, length, file) != length) {
+    close();
+    return absl::DataLossError(absl::StrCat("'", file_path, "': truncated header"));
+  }
+  ParamDump dump;
+  dump.header = nlohmann::json::parse(text, nullptr, false);
+  if (dump.header.is_discarded()) {
+    close();
+    return absl::DataLossError(absl::StrCat("'", file_path, "': malformed header"));
+  }
+  const int64_t dense = dump.header.value("dense_count", int64_t{0});
+  const int64_t rows = dump.header.value("rows", int64_t{0});
+  dump.record_floats = dump.header.value("record_floats", 0);
+  std::fseek(file, kHeaderBytes, SEEK_SET);
+  dump.dense.resize(dense);
+  dump.rows.resize(rows);
+  dump.records.resize(static_cast<size_t>(rows) * dump.record_floats);
+  bool ok = std::fread(dump.dense.data(), sizeof(float), dense, file) == static_cast<size_t>(dense);
+  for (int64_t r = 0; ok && r < rows; ++r) {
+    ok = std::fread(&dump.rows[r], sizeof(RowId), 1, file) == 1 &&
+         std::fread(dump.records.data() + r * dump.record_floats, sizeof(float), dump.record_floats,
+                    file) == static_cast<size_t>(dump.record_floats);
+  }
+  close();
+  if (!ok) return absl::DataLossError(absl::StrCat("'", file_path, "': truncated body"));
+  return dump;
+}
+
+nlohmann::json ParamComparison::ToJson() const {
+  return {{"identical", identical},
+          {"same_shape", same_shape},
+          {"dense_max_abs_diff", dense_max_abs_diff},
+          {"rows_max_abs_diff", rows_max_abs_diff},
+          {"rows_only_in_a", rows_only_in_a},
+          {"rows_only_in_b", rows_only_in_b},
+          {"differing_values", differing_values}};
+}
+
+ParamComparison CompareParams(const ParamDump& a, const ParamDump& b) {
+  ParamComparison c;
+  c.same_shape = a.dense.size() == b.dense.size() && a.record_floats == b.record_floats;
+  const size_t dense = std::min(a.dense.size(), b.dense.size());
+  for (size_t k = 0; k < dense; ++k) {
+    if (std::memcmp(&a.dense[k], &b.dense[k], sizeof(float)) != 0) ++c.differing_values;
+    c.dense_max_abs_diff =
+        std::max<double>(c.dense_max_abs_diff, std::abs(a.dense[k] - b.dense[k]));
+  }
+  size_t i = 0, j = 0;
+  const int rf = std::min(a.record_floats, b.record_floats);
+  while (i < a.rows.size() || j < b.rows.size()) {
+    if (j == b.rows.size() || (i < a.rows.size() && a.rows[i] < b.rows[j])) {
+      ++c.rows_only_in_a;
+      ++i;
+    } else if (i == a.rows.size() || b.rows[j] < a.rows[i]) {
+      ++c.rows_only_in_b;
+      ++j;
+    } else {
+      const float* x = a.records.data() + i * a.record_floats;
+      const float* y = b.records.data() + j * b.record_floats;
+      for (int k = 0; k < rf; ++k) {
+        if (std::memcmp(&x[k], &y[k], sizeof(float)) != 0) ++c.differing_values;
+        c.rows_max_abs_diff = std::max<double>(c.rows_max_abs_diff, std::abs(x[k] - y[k]));
+      }
+      ++i;
+      ++j;
+    }
+  }
+  c.same_shape = c.same_shape && c.rows_only_in_a == 0 && c.rows_only_in_b == 0;
+  c.identical = c.same_shape && c.differing_values == 0;
+  return c;
+}
+
+}  // namespace bagpipe

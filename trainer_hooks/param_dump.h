@@ -1,0 +1,85 @@
+// Parameter dumps and fingerprints: every trained parameter of a run in one canonical order —
+// the dense model's parameters, then every embedding row that exists on the servers (created by
+// a fetch or a write-back, i.e. every row the run touched) in increasing RowId order, each
+// followed by its optimizer state.
+//
+// File DIR/params.bin: magic "BGPARAMS", a little-endian uint64 header length, a JSON header
+// (dim, record_floats, dense_count, rows, optimizer, schema, sha256), then dense floats, then
+// per row (uint64 RowId, record floats). The SHA-256 of exactly those body bytes is the run's
+// parameter fingerprint (--summary-json "params_sha256"), so two runs have the same
+// fingerprint iff their parameters are bit-identical.
+#ifndef BAGPIPE_TRAINER_HOOKS_PARAM_DUMP_H_
+#define BAGPIPE_TRAINER_HOOKS_PARAM_DUMP_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/sha256.h"
+#include "core/types.h"
+#include "nlohmann/json.hpp"
+
+namespace bagpipe {
+
+// Streams parameters into a fingerprint and, if a directory is given, into DIR/params.bin
+// (written to a temporary file, renamed by Finish). Not thread-safe.
+class ParamWriter {
+ public:
+  // `dir` empty: fingerprint only. `header` is stored in the file (dim, optimizer, schema...).
+  static absl::StatusOr<std::unique_ptr<ParamWriter>> Create(const std::string& dir,
+                                                             nlohmann::json header,
+                                                             int record_floats);
+  ~ParamWriter();
+  // REQUIRES: called once, before any AddRow.
+  absl::Status AddDense(const std::vector<float>& dense);
+  // REQUIRES: rows in strictly increasing RowId order.
+  absl::Status AddRow(RowId row, const float* record);
+  // Completes the file and returns the SHA-256 of the parameters.
+  absl::StatusOr<std::string> Finish();
+  int64_t rows() const { return rows_; }
+
+ private:
+  ParamWriter() = default;
+  absl::Status Write(const void* data, size_t bytes);
+
+  std::string dir_;
+  std::string temp_path_;
+  std::FILE* file_ = nullptr;
+  nlohmann::json header_;
+  int record_floats_ = 0;
+  int64_t dense_count_ = 0;
+  int64_t rows_ = 0;
+  bool has_last_ = false;
+  RowId last_row_ = 0;
+  Sha256 sha_;
+};
+
+struct ParamDump {
+  nlohmann::json header;
+  std::vector<float> dense;
+  std::vector<RowId> rows;
+  std::vector<float> records;  // rows.size() * record_floats
+  int record_floats = 0;
+};
+
+// Reads DIR/params.bin (or a path to the file itself).
+absl::StatusOr<ParamDump> ReadParamDump(const std::string& path);
+
+struct ParamComparison {
+  bool identical = false;
+  bool same_shape = false;  // same dense count, same row set, same record size
+  double dense_max_abs_diff = 0;
+  double rows_max_abs_diff = 0;
+  int64_t rows_only_in_a = 0;
+  int64_t rows_only_in_b = 0;
+  int64_t differing_values = 0;
+  nlohmann::json ToJson() const;
+};
+ParamComparison CompareParams(const ParamDump& a, const ParamDump& b);
+
+}  // namespace bagpipe
+
+#endif  // BAGPIPE_TRAINER_HOOKS_PARAM_DUMP_H_

@@ -1,0 +1,157 @@
+// The trainer hooks: the C++ API a training loop calls (DESIGN.md "Trainer hooks").
+//
+// A loop over one trainer's iterations looks like this (the reference DLRM in model/ is one):
+//
+//   LocalBatch batch;
+//   while (true) {
+//     ASSIGN_OR_RETURN(bool more, trainer.BeginIteration(&batch));  // data + rows are ready
+//     if (!more) break;
+//     ASSIGN_OR_RETURN(const float* pooled, trainer.LookupPooled()); // [n x tables x dim]
+//     ... forward/backward of the dense model: pooled -> loss, d(loss)/d(pooled) ...
+//     RETURN_IF_ERROR(trainer.AllReduce(dense_grads, count));        // dense data parallelism
+//     RETURN_IF_ERROR(trainer.EndIteration(pooled_grad));            // sparse sync + update
+//   }
+//   RETURN_IF_ERROR(trainer.Flush());                                // every row back home
+//
+// BeginIteration waits for the iteration's plan and prefetched rows (the wait is measured:
+// ~0 when the prefetcher keeps up), then runs the boundary: completes background gradient
+// exchanges due now, extracts evicted/flushed rows and writes them back, fills slots from
+// staging. The local batch's sparse ids arrive already turned into cache slots.
+// EndIteration reduces d(loss)/d(pooled) to one gradient per unique row (fixed order), exchanges
+// gradients of shared rows with the peers holding them, and applies the sparse optimizer to
+// every held replica. The same calls run every cache mode (oracle, lru, lfu, off, device).
+//
+// Loss scaling contract: gradients handed to EndIteration and AllReduce must be those of
+// (sum of the trainer's per-sample losses) / global_batch_size, so that summing over trainers
+// gives the gradient of the global mean loss, for sparse and dense parameters alike.
+//
+// Thread-safety: a Trainer is used by one training thread (it runs its own background
+// threads internally).
+#ifndef BAGPIPE_TRAINER_HOOKS_TRAINER_H_
+#define BAGPIPE_TRAINER_HOOKS_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/device.h"
+#include "core/optimizer.h"
+#include "core/row_init.h"
+#include "core/types.h"
+#include "nlohmann/json.hpp"
+#include "oracle/planner.h"
+#include "sync/roles.h"
+#include "sync/transport.h"
+
+namespace bagpipe {
+
+class EmbeddingCache;
+
+struct TrainerOptions {
+  int dim = 16;
+  OptimizerConfig sparse_optimizer;
+  CachePolicy policy = CachePolicy::kOracle;
+  // Rows the cache holds (kDevice: ignored, the whole tables).
+  int64_t cache_rows = 0;
+  // Plans (and their prefetches) in flight ahead of the iteration being trained.
+  int prefetch_depth = 4;
+  bool deterministic = true;
+  absl::Duration peer_timeout = absl::Seconds(120);
+  // Row initialisation (also the table sizes, for kDevice).
+  RowInitializer initializer;
+};
+
+// The current iteration's inputs. Pointers are in the trainer's device memory (host memory for
+// the CPU backend) and stay valid until the next BeginIteration.
+struct LocalBatch {
+  Iteration iteration = 0;
+  int num_samples = 0;
+  int num_dense = 0;
+  int num_tables = 0;
+  int64_t global_batch_size = 0;  // samples of all trainers at this iteration
+  const float* dense = nullptr;   // [num_samples x num_dense]
+  const float* labels = nullptr;  // [num_samples]
+  const float* labels_host = nullptr;
+  const int64_t* offsets = nullptr;  // table-major CSR, num_tables * num_samples + 1
+  const int32_t* slots = nullptr;    // cache slot of every id occurrence
+  int64_t num_ids = 0;
+  int num_unique = 0;
+  const int32_t* unique_slots = nullptr;    // the slot of each distinct row of the batch
+  const RowId* unique_rows_host = nullptr;  // and its RowId
+};
+
+struct TrainerStats {
+  int64_t iterations = 0;
+  int64_t ids = 0;
+  int64_t unique_rows = 0;
+  int64_t hits = 0;   // unique rows already resident
+  int64_t fills = 0;  // rows fetched into the cache
+  int64_t evictions = 0;
+  int64_t write_backs = 0;  // rows sent to servers (evictions and flushes)
+  int64_t flushes = 0;
+  int64_t shared_rows = 0;     // shared-row updates applied
+  int64_t exchanged_rows = 0;  // gradient rows sent to peers
+  int64_t exchanged_bytes = 0;
+  int64_t fetched_bytes = 0;
+  int64_t written_back_bytes = 0;
+  // Seconds spent in each phase, summed over iterations.
+  double wait_seconds = 0;       // waiting for plans and prefetched rows
+  double boundary_seconds = 0;   // extract, write back, fill
+  double lookup_seconds = 0;     // pooled gather
+  double reduce_seconds = 0;     // row-gradient reduction
+  double sync_seconds = 0;       // shared-row gradient exchange on the critical path
+  double apply_seconds = 0;      // sparse optimizer
+  double allreduce_seconds = 0;  // dense all-reduce
+  nlohmann::json ToJson() const;
+  double hit_rate() const { return unique_rows > 0 ? static_cast<double>(hits) / unique_rows : 0; }
+};
+
+class Trainer {
+ public:
+  // Connects trainer `trainer` of `layout` to its transport, allocates its cache on `context`
+  // and starts its background threads (plan receiver, prefetcher).
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(Transport& transport, JobLayout layout,
+                                                         int trainer,
+                                                         std::shared_ptr<DeviceContext> context,
+                                                         const TrainerOptions& options);
+  ~Trainer();
+
+  int id() const;
+  int num_trainers() const;
+  const std::shared_ptr<DeviceContext>& context() const;
+
+  // Waits for the next iteration and prepares it (see the file comment). Returns false when the
+  // training stream has ended.
+  absl::StatusOr<bool> BeginIteration(LocalBatch* batch);
+  // Pooled (sum) embeddings of the current batch, [num_samples x num_tables x dim], in memory
+  // owned by the trainer (valid until the next BeginIteration).
+  absl::StatusOr<const float*> LookupPooled();
+  // Ends the iteration with d(loss)/d(pooled) [num_samples x num_tables x dim].
+  absl::Status EndIteration(const float* pooled_grad);
+  // Ends the iteration with one gradient row per unique row, [num_unique x dim] in device memory
+  // (row u is the gradient of unique_slots[u]), for loops that compute them themselves.
+  absl::Status EndIterationWithRowGradients(const float* row_grads);
+  // Deterministic in-place sum over all trainers of `count` floats in HOST memory.
+  absl::Status AllReduce(float* data, size_t count);
+  // After the last iteration: writes every dirty cached row back to the servers (the oracle's
+  // drain plan) and tells the servers and the oracle this trainer is done with training.
+  absl::Status Flush();
+
+  // Evaluation batches (after Flush): the oracle's evaluation shards, with rows read from the
+  // servers. Returns false when there are no more. `batch->slots` index a scratch table whose
+  // pooled embeddings LookupPooled returns, as in training.
+  absl::StatusOr<bool> BeginEvalBatch(LocalBatch* batch);
+
+  EmbeddingCache& cache();
+  TrainerStats stats() const;
+
+ private:
+  class Impl;
+  explicit Trainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace bagpipe
+
+#endif  // BAGPIPE_TRAINER_HOOKS_TRAINER_H_
