@@ -1,5 +1,6 @@
 #include "data/source.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +48,73 @@ absl::StatusOr<Schema> ScanSchema(SampleSource& source) {
   Schema schema = source.schema();
   RETURN_IF_ERROR(source.Rewind());
   return schema;
+}
+
+namespace {
+
+class RangeSource final : public SampleSource {
+ public:
+  RangeSource(std::unique_ptr<SampleSource> source, int64_t begin, int64_t end)
+      : source_(std::move(source)), begin_(begin), end_(end) {}
+  const Schema& schema() const override { return source_->schema(); }
+
+  absl::StatusOr<int64_t> Read(int64_t max_samples, Batch* batch) override {
+    while (position_ < begin_) {
+      ASSIGN_OR_RETURN(const int64_t skipped,
+                       source_->Read(std::min<int64_t>(begin_ - position_, 1 << 16), batch));
+      if (skipped == 0) return 0;
+      position_ += skipped;
+    }
+    if (end_ >= 0) max_samples = std::min(max_samples, end_ - position_);
+    if (max_samples <= 0) {
+      batch->Reset(schema().num_dense(), schema().num_tables());
+      return 0;
+    }
+    ASSIGN_OR_RETURN(const int64_t read, source_->Read(max_samples, batch));
+    position_ += read;
+    returned_ += read;
+    return read;
+  }
+
+  absl::Status Rewind() override {
+    position_ = 0;
+    return source_->Rewind();
+  }
+  SourceStats stats() const override {
+    SourceStats stats = source_->stats();
+    stats.samples = returned_;
+    return stats;
+  }
+  std::string Describe() const override {
+    return absl::StrCat(source_->Describe(), " samples [", begin_, ", ",
+                        end_ < 0 ? std::string("end") : absl::StrCat(end_), ")");
+  }
+
+ private:
+  std::unique_ptr<SampleSource> source_;
+  const int64_t begin_;
+  const int64_t end_;
+  int64_t position_ = 0;  // within the epoch
+  int64_t returned_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<SampleSource> SampleRange(std::unique_ptr<SampleSource> source, int64_t begin,
+                                          int64_t end) {
+  return std::make_unique<RangeSource>(std::move(source), begin, end);
+}
+
+absl::StatusOr<int64_t> CountSamples(SampleSource& source) {
+  Batch batch;
+  int64_t total = 0;
+  while (true) {
+    ASSIGN_OR_RETURN(const int64_t read, source.Read(1 << 16, &batch));
+    if (read == 0) break;
+    total += read;
+  }
+  RETURN_IF_ERROR(source.Rewind());
+  return total;
 }
 
 BatchStream::BatchStream(std::unique_ptr<SampleSource> source, Options options)

@@ -76,6 +76,14 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenSource(std::string_view spec,
 // dictionary-encoded text), then rewinds it. Used where table sizes must be known up front.
 absl::StatusOr<Schema> ScanSchema(SampleSource& source);
 
+// Samples [begin, end) of every epoch of `source` (earlier samples are read and dropped), e.g.
+// the held-out tail of a dataset. end = -1: to the end of the epoch.
+std::unique_ptr<SampleSource> SampleRange(std::unique_ptr<SampleSource> source, int64_t begin,
+                                          int64_t end);
+
+// Counts the samples of one epoch of `source` by reading it, then rewinds it.
+absl::StatusOr<int64_t> CountSamples(SampleSource& source);
+
 // Global batches of `batch_size` consecutive samples from a source: the unit the oracle plans.
 // With `epochs` > 1 (or 0 = endless) the source is rewound at its end; with drop_last the final
 // partial batch of each epoch is dropped (otherwise it is returned short).

@@ -1,5 +1,7 @@
 // Specifications of core/: status macros, error conversion, hashing, randomness, row
 // initialisation, the CPU device context, metrics files.
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 
@@ -141,7 +143,8 @@ TEST(DeviceTest, CudaIsEitherUsableOrCleanlyAbsent) {
 }
 
 TEST(MetricsTest, JsonLinesAreOneObjectPerLine) {
-  const std::string path = ::testing::TempDir() + "/metrics.jsonl";
+  const std::string path =
+      ::testing::TempDir() + "/metrics_" + std::to_string(::getpid()) + ".jsonl";
   {
     auto writer = JsonLinesWriter::Open(path);
     ASSERT_TRUE(writer.ok());

@@ -164,8 +164,8 @@ TEST(SyntheticTest, DriftShiftsPopularityOverTime) {
   auto source = Open("samples=40000,rows=1000,dense=0,alpha=1.5,drift=10000");
   Batch early, late;
   ASSERT_TRUE(source->Read(10000, &early).ok());
-  ASSERT_TRUE(source->Read(20000, &late).ok());   // samples 10000..29999
-  ASSERT_TRUE(source->Read(10000, &late).ok());   // samples 30000..39999: 3 ranks rotated
+  ASSERT_TRUE(source->Read(20000, &late).ok());  // samples 10000..29999
+  ASSERT_TRUE(source->Read(10000, &late).ok());  // samples 30000..39999: 3 ranks rotated
   EXPECT_NE(hottest(early), hottest(late));
   auto steady = Open("samples=40000,rows=1000,dense=0,alpha=1.5");
   Batch steady_early, steady_late;

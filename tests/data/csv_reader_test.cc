@@ -1,0 +1,256 @@
+// Specification of the CSV reader: the column-spec grammar, encodings, quoting and errors.
+#include "data/csv_reader.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace bagpipe {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kMovieLens =
+    std::string(BAGPIPE_SOURCE_DIR) + "/tests/fixtures/movielens_small.csv";
+const std::string kMovieLensSpec =
+    "label=rating>3.5; dense=year; sparse=userId,movieId,split(genres,|)";
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const std::string path =
+      ::testing::TempDir() + "/csv_reader_test_" + std::to_string(::getpid()) + "_" + name;
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+SourceOptions Spec(const std::string& spec) {
+  SourceOptions options;
+  options.schema = spec;
+  return options;
+}
+
+std::unique_ptr<SampleSource> Open(const std::string& path, const SourceOptions& options) {
+  auto source = OpenCsv(path, options);
+  EXPECT_TRUE(source.ok()) << source.status();
+  return source.ok() ? std::move(source).value() : nullptr;
+}
+
+Batch ReadAll(SampleSource& source, int64_t chunk) {
+  Batch all, part;
+  all.Reset(source.schema().num_dense(), source.schema().num_tables());
+  bool first = true;
+  while (true) {
+    auto read = source.Read(chunk, &part);
+    EXPECT_TRUE(read.ok()) << read.status();
+    if (!read.ok() || *read == 0) break;
+    if (first) all.first_sample = part.first_sample;
+    first = false;
+    all.Append(part);
+  }
+  return all;
+}
+
+absl::Status ReadError(const std::string& path, const SourceOptions& options) {
+  auto source = OpenCsv(path, options);
+  if (!source.ok()) return source.status();
+  Batch batch;
+  while (true) {
+    auto read = (*source)->Read(5, &batch);
+    if (!read.ok()) return read.status();
+    if (*read == 0) return absl::OkStatus();
+  }
+}
+
+std::vector<int64_t> Bag(const Batch& batch, int table, int sample) {
+  return {batch.ids.begin() + batch.bag_begin(table, sample),
+          batch.ids.begin() + batch.bag_end(table, sample)};
+}
+
+TEST(CsvReaderTest, MovieLensFixture) {
+  auto source = Open(kMovieLens, Spec(kMovieLensSpec));
+  const Batch all = ReadAll(*source, 30000);
+  // 100005 lines: the header and 100004 ratings (checked with Python's csv module).
+  EXPECT_EQ(all.num_samples, 100004);
+  const Schema& schema = source->schema();
+  EXPECT_EQ(schema.num_dense(), 1);
+  EXPECT_EQ(schema.dense_names[0], "year");
+  ASSERT_EQ(schema.num_tables(), 3);
+  EXPECT_EQ(schema.table_names, (std::vector<std::string>{"userId", "movieId", "genres"}));
+  // Distinct values (Python): 671 users, 9066 movies, 20 genres; plus the missing row.
+  EXPECT_EQ(schema.table_rows, (std::vector<int64_t>{672, 9067, 21}));
+  EXPECT_TRUE(all.Validate(schema).ok());
+  // 51568 ratings are above 3.5.
+  int positive = 0;
+  for (float label : all.labels) positive += label == 1.0f;
+  EXPECT_EQ(positive, 51568);
+  // Line 2: 789652009,383,21,"Comedy|Crime|Thriller",1995,3
+  EXPECT_EQ(all.labels[0], 0.0f);
+  EXPECT_EQ(all.dense[0], 1995.0f);
+  EXPECT_EQ(Bag(all, 0, 0), (std::vector<int64_t>{1}));
+  EXPECT_EQ(Bag(all, 1, 0), (std::vector<int64_t>{1}));
+  EXPECT_EQ(Bag(all, 2, 0), (std::vector<int64_t>{1, 2, 3}));
+  // Line 3: 789652009,383,47,"Mystery|Thriller",1995,5: same user, new movie, Thriller again.
+  EXPECT_EQ(all.labels[1], 1.0f);
+  EXPECT_EQ(Bag(all, 0, 1), (std::vector<int64_t>{1}));
+  EXPECT_EQ(Bag(all, 1, 1), (std::vector<int64_t>{2}));
+  EXPECT_EQ(Bag(all, 2, 1), (std::vector<int64_t>{4, 3}));
+  // Line 4: 789652009,383,1079,"Comedy|Crime",1988,3
+  EXPECT_EQ(Bag(all, 2, 2), (std::vector<int64_t>{1, 2}));
+  // Seven ratings have the year "NA" (missing: dense 0), the first on line 87728.
+  int missing_years = 0;
+  for (float year : all.dense) missing_years += year == 0.0f;
+  EXPECT_EQ(missing_years, 7);
+  EXPECT_EQ(all.dense[87728 - 2], 0.0f);
+  const SourceStats stats = source->stats();
+  EXPECT_EQ(stats.lines, 100005);
+  EXPECT_EQ(stats.samples, 100004);
+}
+
+TEST(CsvReaderTest, OperatorsAndLogDense) {
+  const std::string path = WriteFile("ops.csv", "a,b,c\n1,2,x\n3,-1,y\n2,,x\n");
+  auto check = [&](const std::string& label, const std::vector<float>& expected) {
+    auto source = Open(path, Spec("label=" + label + "; dense=log(b),b; sparse=c"));
+    const Batch all = ReadAll(*source, 10);
+    EXPECT_EQ(all.labels, expected) << label;
+  };
+  check("a", {1, 3, 2});
+  check("a>2", {0, 1, 0});
+  check("a>=2", {0, 1, 1});
+  check("a<2", {1, 0, 0});
+  check("a<=2", {1, 0, 1});
+  check("a==2", {0, 0, 1});
+  auto source = Open(path, Spec("label=a; dense=log(b),b; sparse=c"));
+  const Batch all = ReadAll(*source, 10);
+  EXPECT_EQ(source->schema().dense_names, (std::vector<std::string>{"log(b)", "b"}));
+  EXPECT_FLOAT_EQ(all.dense[0], std::log(3.0f));
+  EXPECT_EQ(all.dense[1], 2.0f);
+  EXPECT_EQ(all.dense[2], 0.0f);  // log(1 + max(-1, 0))
+  EXPECT_EQ(all.dense[3], -1.0f);
+  EXPECT_EQ(all.dense[4], 0.0f);  // missing
+  EXPECT_EQ(all.dense[5], 0.0f);
+  EXPECT_EQ(all.ids, (std::vector<int64_t>{1, 2, 1}));
+}
+
+TEST(CsvReaderTest, QuotingAndMissingValues) {
+  const std::string path = WriteFile(
+      "quotes.csv", "label,name,tags\n1,\"Smith, \"\"J\"\"\",a|b\n0,,\n1,Smith,b||c\n1,NA,NA\n");
+  auto source = Open(path, Spec("label=label; sparse=name, split(tags,|)"));
+  const Batch all = ReadAll(*source, 10);
+  ASSERT_EQ(all.num_samples, 4);
+  EXPECT_EQ(Bag(all, 0, 0), (std::vector<int64_t>{1}));
+  EXPECT_EQ(Bag(all, 0, 1), (std::vector<int64_t>{0}));  // missing
+  EXPECT_EQ(Bag(all, 0, 2), (std::vector<int64_t>{2}));  // "Smith" differs from "Smith, "J""
+  EXPECT_EQ(Bag(all, 1, 0), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(Bag(all, 1, 1), (std::vector<int64_t>{0}));
+  EXPECT_EQ(Bag(all, 1, 2), (std::vector<int64_t>{2, 3}));  // empty pieces are skipped
+  EXPECT_EQ(Bag(all, 0, 3), (std::vector<int64_t>{0}));     // "NA" is missing
+  EXPECT_EQ(Bag(all, 1, 3), (std::vector<int64_t>{0}));
+  EXPECT_EQ(source->schema().table_rows, (std::vector<int64_t>{3, 4}));
+}
+
+TEST(CsvReaderTest, CrlfLinesAreAccepted) {
+  const std::string path = WriteFile("crlf.csv", "a,b\r\n1,x\r\n0,y\r\n");
+  auto source = Open(path, Spec("label=a; sparse=b"));
+  const Batch all = ReadAll(*source, 10);
+  EXPECT_EQ(all.num_samples, 2);
+  EXPECT_EQ(source->schema().table_rows, (std::vector<int64_t>{3}));
+}
+
+TEST(CsvReaderTest, RewindAndMaxSamples) {
+  SourceOptions options = Spec(kMovieLensSpec);
+  options.max_samples = 1000;
+  auto source = Open(kMovieLens, options);
+  const Batch first = ReadAll(*source, 300);
+  EXPECT_EQ(first.num_samples, 1000);
+  const std::vector<int64_t> rows = source->schema().table_rows;
+  ASSERT_TRUE(source->Rewind().ok());
+  const Batch second = ReadAll(*source, 999);
+  EXPECT_EQ(second.first_sample, 1000);
+  EXPECT_EQ(second.ids, first.ids);
+  EXPECT_EQ(second.labels, first.labels);
+  EXPECT_EQ(source->schema().table_rows, rows);
+}
+
+TEST(CsvReaderTest, SpecErrors) {
+  auto error = [](const std::string& spec) { return OpenCsv(kMovieLens, Spec(spec)).status(); };
+  absl::Status status = error("label=rating>3.5; sparse=userId,nosuch");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("unknown column 'nosuch'"));
+  EXPECT_THAT(status.message(), HasSubstr("sparse=userId,nosuch"));
+  status = error("label=rating=>3.5");
+  EXPECT_THAT(status.message(), HasSubstr("bad operator '=>'"));
+  status = error("label=rating!=3");
+  EXPECT_THAT(status.message(), HasSubstr("bad operator '!='"));
+  status = error("label=rating>high");
+  EXPECT_THAT(status.message(), HasSubstr("unparsable number 'high'"));
+  status = error("dense=year");
+  EXPECT_THAT(status.message(), HasSubstr("no label"));
+  status = error("label=rating; weights=year");
+  EXPECT_THAT(status.message(), HasSubstr("unknown key 'weights'"));
+  status = error("");
+  EXPECT_THAT(status.message(), HasSubstr("column spec is required"));
+  status = error("label=rating; sparse=split(genres)");
+  EXPECT_THAT(status.message(), HasSubstr("split(COLUMN,SEPARATOR)"));
+}
+
+TEST(CsvReaderTest, FileErrors) {
+  EXPECT_EQ(OpenCsv("/nonexistent.csv", Spec("label=a")).status().code(),
+            absl::StatusCode::kNotFound);
+  const absl::Status empty = OpenCsv(WriteFile("empty.csv", ""), Spec("label=a")).status();
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(empty.message(), HasSubstr("empty"));
+}
+
+TEST(CsvReaderTest, LineErrorsNameLineAndColumn) {
+  const SourceOptions options = Spec("label=a>1; dense=b; sparse=c");
+  std::string path = WriteFile("number.csv", "a,b,c\n1,2,x\n1,2.5.1,x\n");
+  absl::Status status = ReadError(path, options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              HasSubstr(path + ":3:3: dense column 'b': '2.5.1' is not a number"));
+
+  path = WriteFile("quote.csv", "a,b,c\n1,2,\"x\n");
+  status = ReadError(path, options);
+  EXPECT_THAT(status.message(), HasSubstr(path + ":2:5: unterminated quote"));
+
+  path = WriteFile("count.csv", "a,b,c\n1,2\n");
+  status = ReadError(path, options);
+  EXPECT_THAT(status.message(), HasSubstr(path + ":2:"));
+  EXPECT_THAT(status.message(), HasSubstr("expected 3 comma-separated fields, found 2"));
+
+  path = WriteFile("label.csv", "a,b,c\n,2,x\n");
+  status = ReadError(path, options);
+  EXPECT_THAT(status.message(), HasSubstr(path + ":2:1: label column 'a' is missing"));
+
+  path = WriteFile("label2.csv", "a,b,c\n1,2,x\nyes,2,x\n");
+  status = ReadError(path, options);
+  EXPECT_THAT(status.message(), HasSubstr(path + ":3:1: label column 'a': 'yes' is not a number"));
+}
+
+TEST(CsvReaderTest, SkipBadLines) {
+  SourceOptions options = Spec("label=a; dense=b; sparse=c");
+  options.skip_bad_lines = true;
+  const std::string path =
+      WriteFile("skip.csv", "a,b,c\n1,2,x\n1,bad,y\n0,3,\"z\n1,4,w,extra\n0,5,v\n");
+  auto source = Open(path, options);
+  const Batch all = ReadAll(*source, 10);
+  EXPECT_EQ(all.num_samples, 2);
+  EXPECT_EQ(all.dense, (std::vector<float>{2, 5}));
+  // Values of skipped lines do not enter the dictionary.
+  EXPECT_EQ(all.ids, (std::vector<int64_t>{1, 2}));
+  const SourceStats stats = source->stats();
+  EXPECT_EQ(stats.lines, 6);
+  EXPECT_EQ(stats.skipped_lines, 3);
+  ASSERT_EQ(stats.first_errors.size(), 3u);
+  EXPECT_THAT(stats.first_errors[0], HasSubstr(":3:"));
+  EXPECT_THAT(stats.first_errors[1], HasSubstr("unterminated quote"));
+  EXPECT_THAT(stats.first_errors[2], HasSubstr(":5:"));
+}
+
+}  // namespace
+}  // namespace bagpipe
