@@ -21,13 +21,13 @@ Subcommand AddConvertCommand(CLI::App& root) {
             ASSIGN_OR_RETURN(auto source, OpenFromFlags(flags->data));
             ASSIGN_OR_RETURN(const ConvertStats stats, WriteBinary(*source, flags->out));
             const SourceStats read = source->stats();
-            std::printf("%s", absl::StrFormat("wrote %s: %d samples, %.1f MB in %.2f s (%.1f MB/s "
-                                              "of input)\n",
-                                              flags->out, stats.samples, stats.bytes_written / 1e6,
-                                              stats.seconds,
-                                              stats.seconds > 0 ? read.bytes / 1e6 / stats.seconds
-                                                                : 0.0)
-                                  .c_str());
+            std::printf(
+                "%s",
+                absl::StrFormat("wrote %s: %d samples, %.1f MB in %.2f s (%.1f MB/s "
+                                "of input)\n",
+                                flags->out, stats.samples, stats.bytes_written / 1e6, stats.seconds,
+                                stats.seconds > 0 ? read.bytes / 1e6 / stats.seconds : 0.0)
+                    .c_str());
             if (read.skipped_lines > 0) {
               std::printf("skipped %lld bad lines\n", static_cast<long long>(read.skipped_lines));
             }

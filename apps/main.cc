@@ -25,12 +25,12 @@ int main(int argc, char** argv) {
            (bagpipe::CudaCompiledIn() ? "compiled in" : "not compiled in") + ")";
   });
   std::string log_level = "info";
-  root.add_option("--log-level", log_level, "debug, info, warning or error")
-      ->capture_default_str();
+  root.add_option("--log-level", log_level, "debug, info, warning or error")->capture_default_str();
 
   std::vector<bagpipe::Subcommand> commands = {
+      bagpipe::AddTrainCommand(root),     bagpipe::AddCompareCommand(root),
       bagpipe::AddDataStatsCommand(root), bagpipe::AddConvertCommand(root),
-      bagpipe::AddTunablesCommand(root),
+      bagpipe::AddSimCommand(root),       bagpipe::AddTunablesCommand(root),
   };
   try {
     root.parse(argc, argv);

@@ -12,8 +12,8 @@ Subcommand AddTunablesCommand(CLI::App& root) {
   return {app, []() -> absl::Status {
             for (const TunableInfo& t : ListTunables()) {
               std::printf("%-32s %12lld (default %lld)  %s\n", t.env.c_str(),
-                          static_cast<long long>(t.value),
-                          static_cast<long long>(t.default_value), t.doc.c_str());
+                          static_cast<long long>(t.value), static_cast<long long>(t.default_value),
+                          t.doc.c_str());
             }
             return absl::OkStatus();
           }};

@@ -1,0 +1,175 @@
+// bagpipe compare RUN_A RUN_B: are two runs' parameters identical, how far apart are they, and
+// their loss curves side by side. A run is a directory written by `bagpipe train --out DIR`
+// (summary.json, metrics.jsonl, and params.bin when --dump-params DIR was the same directory)
+// or the path of a summary.json.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "apps/command.h"
+#include "core/metrics.h"
+#include "core/status.h"
+#include "trainer_hooks/param_dump.h"
+
+namespace bagpipe {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Run {
+  std::string name;
+  nlohmann::json summary;
+  std::vector<nlohmann::json> metrics;  // "train" lines
+  std::string params;                   // params.bin path, empty if none
+};
+
+absl::StatusOr<Run> LoadRun(const std::string& path) {
+  Run run;
+  run.name = path;
+  fs::path summary_path = path;
+  if (fs::is_directory(summary_path)) summary_path /= "summary.json";
+  ASSIGN_OR_RETURN(run.summary, ReadJsonFile(summary_path.string()));
+  const fs::path dir = summary_path.parent_path();
+  fs::path metrics_path = dir / "metrics.jsonl";
+  if (fs::exists(metrics_path)) {
+    std::ifstream in(metrics_path);
+    std::string line;
+    int64_t number = 0;
+    while (std::getline(in, line)) {
+      ++number;
+      if (line.empty()) continue;
+      nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (record.is_discarded()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(metrics_path.string(), ":", number, ": not a JSON line"));
+      }
+      if (record.value("kind", "") == "train") run.metrics.push_back(std::move(record));
+    }
+  }
+  if (run.summary.contains("params")) {
+    run.params = run.summary["params"].get<std::string>();
+  } else if (fs::exists(dir / "params.bin")) {
+    run.params = (dir / "params.bin").string();
+  }
+  return run;
+}
+
+double Number(const nlohmann::json& j, const char* key) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
+}
+
+absl::Status RunCompare(const std::string& a_path, const std::string& b_path, bool json_out) {
+  ASSIGN_OR_RETURN(Run a, LoadRun(a_path));
+  ASSIGN_OR_RETURN(Run b, LoadRun(b_path));
+  nlohmann::json out;
+  const std::string sha_a = a.summary.value("params_sha256", "");
+  const std::string sha_b = b.summary.value("params_sha256", "");
+  out["identical"] = !sha_a.empty() && sha_a == sha_b;
+  out["params_sha256"] = {sha_a, sha_b};
+  if (!a.params.empty() && !b.params.empty()) {
+    ASSIGN_OR_RETURN(const ParamDump dump_a, ReadParamDump(a.params));
+    ASSIGN_OR_RETURN(const ParamDump dump_b, ReadParamDump(b.params));
+    const ParamComparison comparison = CompareParams(dump_a, dump_b);
+    out["params"] = comparison.ToJson();
+    out["identical"] = comparison.identical;
+  }
+  for (const char* key : {"samples_per_s", "ms_per_iteration", "hit_rate", "train_loss"}) {
+    out[key] = {Number(a.summary, key), Number(b.summary, key)};
+  }
+  if (a.summary.contains("eval") && b.summary.contains("eval")) {
+    out["eval_auc"] = {Number(a.summary["eval"], "auc"), Number(b.summary["eval"], "auc")};
+    out["eval_log_loss"] = {Number(a.summary["eval"], "log_loss"),
+                            Number(b.summary["eval"], "log_loss")};
+  }
+  // Loss curves, aligned by iteration.
+  nlohmann::json curve = nlohmann::json::array();
+  size_t j = 0;
+  for (const nlohmann::json& ra : a.metrics) {
+    const int64_t it = ra.value("iteration", int64_t{0});
+    while (j < b.metrics.size() && b.metrics[j].value("iteration", int64_t{0}) < it) ++j;
+    nlohmann::json point = {{"iteration", it}, {"loss_a", ra.value("loss", 0.0)}};
+    if (j < b.metrics.size() && b.metrics[j].value("iteration", int64_t{0}) == it) {
+      point["loss_b"] = b.metrics[j].value("loss", 0.0);
+    }
+    curve.push_back(point);
+  }
+  out["loss_curve"] = curve;
+  if (json_out) {
+    std::printf("%s\n", out.dump(2).c_str());
+    return absl::OkStatus();
+  }
+  std::printf("A: %s (cache %s)\nB: %s (cache %s)\n", a.name.c_str(),
+              a.summary.value("cache", "?").c_str(), b.name.c_str(),
+              b.summary.value("cache", "?").c_str());
+  std::printf("parameters bit-identical: %s\n", out["identical"].get<bool>() ? "yes" : "no");
+  if (out.contains("params")) {
+    const nlohmann::json& p = out["params"];
+    std::printf(
+        "  max |a - b|: dense %.3g, embedding rows %.3g; differing values %lld; rows "
+        "only in A %lld, only in B %lld\n",
+        p.value("dense_max_abs_diff", 0.0), p.value("rows_max_abs_diff", 0.0),
+        static_cast<long long>(p.value("differing_values", int64_t{0})),
+        static_cast<long long>(p.value("rows_only_in_a", int64_t{0})),
+        static_cast<long long>(p.value("rows_only_in_b", int64_t{0})));
+  } else {
+    std::printf("  (no params.bin in both runs: compared the SHA-256 fingerprints only)\n");
+  }
+  const double speed_a = out["samples_per_s"][0].get<double>();
+  const double speed_b = out["samples_per_s"][1].get<double>();
+  std::printf("%-22s %14s %14s %10s\n", "", "A", "B", "B / A");
+  auto row = [&](const char* label, double va, double vb, const char* format) {
+    std::printf("%-22s %14s %14s %10s\n", label, absl::StrFormat(format, va).c_str(),
+                absl::StrFormat(format, vb).c_str(),
+                va != 0 ? absl::StrFormat("%.3f", vb / va).c_str() : "-");
+  };
+  row("samples/s", speed_a, speed_b, "%.0f");
+  row("ms/iteration", out["ms_per_iteration"][0].get<double>(),
+      out["ms_per_iteration"][1].get<double>(), "%.3f");
+  row("hit rate", out["hit_rate"][0].get<double>(), out["hit_rate"][1].get<double>(), "%.4f");
+  row("final train loss", out["train_loss"][0].get<double>(), out["train_loss"][1].get<double>(),
+      "%.6f");
+  if (out.contains("eval_auc")) {
+    row("held-out AUC", out["eval_auc"][0].get<double>(), out["eval_auc"][1].get<double>(), "%.5f");
+    row("held-out log loss", out["eval_log_loss"][0].get<double>(),
+        out["eval_log_loss"][1].get<double>(), "%.6f");
+  }
+  if (!curve.empty()) {
+    std::printf("\nloss curve (every interval%s):\n%10s %12s %12s\n",
+                curve.size() > 20 ? ", sampled" : "", "iteration", "A", "B");
+    const size_t step = std::max<size_t>(1, curve.size() / 20);
+    for (size_t k = 0; k < curve.size(); k += step) {
+      const nlohmann::json& point = curve[k];
+      std::printf("%10lld %12.6f %12s\n", static_cast<long long>(point["iteration"].get<int64_t>()),
+                  point["loss_a"].get<double>(),
+                  point.contains("loss_b")
+                      ? absl::StrFormat("%.6f", point["loss_b"].get<double>()).c_str()
+                      : "-");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Subcommand AddCompareCommand(CLI::App& root) {
+  struct Flags {
+    std::string a, b;
+    bool json = false;
+  };
+  auto flags = std::make_shared<Flags>();
+  CLI::App* app = root.add_subcommand(
+      "compare",
+      "Compare two training runs: bit-identical parameters?, max differences, throughput, "
+      "hit rate and loss curves side by side (plot them with scripts/plot_runs.py)");
+  app->add_option("RUN_A", flags->a, "run directory (bagpipe train --out) or its summary.json")
+      ->required();
+  app->add_option("RUN_B", flags->b, "run directory or summary.json")->required();
+  app->add_flag("--json", flags->json, "print one JSON object");
+  return {app, [flags]() { return RunCompare(flags->a, flags->b, flags->json); }};
+}
+
+}  // namespace bagpipe

@@ -1,0 +1,206 @@
+#include "model/dlrm_loop.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "core/device.h"
+#include "core/progress.h"
+#include "core/status.h"
+#include "core/timer.h"
+
+namespace bagpipe {
+namespace {
+
+// Per-iteration phase times of this trainer, in seconds, summed over an interval.
+struct PhaseTimes {
+  double wait = 0;              // plans and prefetched rows
+  double boundary = 0;          // extract, write back, fill
+  double lookup = 0;            // pooled gather (forward of the embedding bags)
+  double forward_backward = 0;  // dense model
+  double allreduce = 0;         // dense gradient all-reduce
+  double optimizer = 0;         // dense optimizer step
+  double reduce = 0;            // row-gradient reduction (backward of the embedding bags)
+  double sync = 0;              // shared-row gradient exchange
+  double apply = 0;             // sparse optimizer
+
+  static PhaseTimes FromStats(const TrainerStats& s, double forward_backward, double optimizer) {
+    PhaseTimes t;
+    t.wait = s.wait_seconds;
+    t.boundary = s.boundary_seconds;
+    t.lookup = s.lookup_seconds;
+    t.forward_backward = forward_backward;
+    t.allreduce = s.allreduce_seconds;
+    t.optimizer = optimizer;
+    t.reduce = s.reduce_seconds;
+    t.sync = s.sync_seconds;
+    t.apply = s.apply_seconds;
+    return t;
+  }
+  PhaseTimes Minus(const PhaseTimes& o) const {
+    return {wait - o.wait,           boundary - o.boundary,
+            lookup - o.lookup,       forward_backward - o.forward_backward,
+            allreduce - o.allreduce, optimizer - o.optimizer,
+            reduce - o.reduce,       sync - o.sync,
+            apply - o.apply};
+  }
+  // Milliseconds per iteration over `iterations`.
+  nlohmann::json ToJsonMs(int64_t iterations) const {
+    const double k = iterations > 0 ? 1e3 / static_cast<double>(iterations) : 0;
+    return {{"wait", wait * k},           {"boundary", boundary * k},
+            {"lookup", lookup * k},       {"forward_backward", forward_backward * k},
+            {"allreduce", allreduce * k}, {"optimizer", optimizer * k},
+            {"reduce", reduce * k},       {"sync", sync * k},
+            {"apply", apply * k}};
+  }
+};
+
+// All-reduces host data that may live in device memory.
+absl::Status AllReduceInPlace(Trainer& trainer, float* data, size_t count,
+                              std::vector<float>* host) {
+  const auto& context = trainer.context();
+  if (!context->is_cuda()) return trainer.AllReduce(data, count);
+  host->resize(count);
+  RETURN_IF_ERROR(context->CopyToHost(host->data(), data, count * sizeof(float)));
+  RETURN_IF_ERROR(context->Synchronize());
+  RETURN_IF_ERROR(trainer.AllReduce(host->data(), count));
+  RETURN_IF_ERROR(context->CopyToDevice(data, host->data(), count * sizeof(float)));
+  return context->Synchronize();
+}
+
+}  // namespace
+
+absl::Status RunDlrmLoop(Trainer& trainer, const DlrmLoopOptions& options,
+                         TrainerOutcome* outcome) {
+  const auto& context = trainer.context();
+  ASSIGN_OR_RETURN(std::unique_ptr<DenseModel> model, DenseModel::Create(context, options.model));
+  const DenseModelConfig& config = model->config();
+  const float lr = config.optimizer.learning_rate;
+  const bool leader = trainer.id() == 0;
+  Progress progress("train", options.total_iterations, leader && options.progress);
+
+  DeviceArray<float> pooled_grad;
+  std::vector<float> host_scratch;
+  LocalBatch batch;
+  Stopwatch total_watch;
+  Stopwatch interval_watch;
+  double forward_backward_seconds = 0, optimizer_seconds = 0;
+  PhaseTimes interval_start;
+  TrainerStats stats_start = trainer.stats();
+  // Interval sums: loss, samples, unique rows, hits (summed over trainers at each report).
+  double interval_loss = 0;
+  int64_t interval_samples = 0, iterations = 0, samples = 0, interval_iterations = 0;
+  double last_loss = 0;
+
+  auto report = [&](bool final_report) -> absl::Status {
+    const TrainerStats stats = trainer.stats();
+    float sums[4] = {static_cast<float>(interval_loss), static_cast<float>(interval_samples),
+                     static_cast<float>(stats.unique_rows - stats_start.unique_rows),
+                     static_cast<float>(stats.hits - stats_start.hits)};
+    RETURN_IF_ERROR(trainer.AllReduce(sums, 4));
+    const double seconds = interval_watch.Seconds();
+    const PhaseTimes now =
+        PhaseTimes::FromStats(stats, forward_backward_seconds, optimizer_seconds);
+    last_loss = sums[1] > 0 ? sums[0] / sums[1] : 0;
+    if (leader) {
+      const double samples_per_s = seconds > 0 ? sums[1] / seconds : 0;
+      const double hit_rate = sums[2] > 0 ? sums[3] / sums[2] : 0;
+      if (options.metrics != nullptr) {
+        options.metrics->Write(
+            {{"kind", "train"},
+             {"iteration", iterations},
+             {"samples", samples},
+             {"loss", last_loss},
+             {"samples_per_s", samples_per_s},
+             {"hit_rate", hit_rate},
+             {"seconds", total_watch.Seconds()},
+             {"time_ms", now.Minus(interval_start).ToJsonMs(interval_iterations)},
+             {"final", final_report}});
+      }
+      progress.Update(iterations, absl::StrFormat("loss %.4f  %.0f samples/s  hit %.1f%%",
+                                                  last_loss, samples_per_s, 100 * hit_rate));
+    }
+    interval_start = now;
+    stats_start = stats;
+    interval_loss = 0;
+    interval_samples = 0;
+    interval_iterations = 0;
+    interval_watch.Reset();
+    return absl::OkStatus();
+  };
+
+  while (true) {
+    ASSIGN_OR_RETURN(bool more, trainer.BeginIteration(&batch));
+    if (!more) break;
+    ASSIGN_OR_RETURN(const float* pooled, trainer.LookupPooled());
+    const size_t pooled_size =
+        static_cast<size_t>(batch.num_samples) * batch.num_tables * config.dim;
+    if (pooled_grad.size() < pooled_size) {
+      ASSIGN_OR_RETURN(pooled_grad, DeviceArray<float>::Create(context, pooled_size));
+    }
+    Stopwatch watch;
+    const float loss_scale =
+        batch.global_batch_size > 0 ? 1.0f / static_cast<float>(batch.global_batch_size) : 0.0f;
+    ASSIGN_OR_RETURN(double loss,
+                     model->ForwardBackward(batch.dense, pooled, batch.labels, batch.num_samples,
+                                            loss_scale, pooled_grad.data()));
+    forward_backward_seconds += watch.Seconds();
+    RETURN_IF_ERROR(
+        AllReduceInPlace(trainer, model->gradients(), model->num_parameters(), &host_scratch));
+    watch.Reset();
+    RETURN_IF_ERROR(model->Step(lr));
+    optimizer_seconds += watch.Seconds();
+    RETURN_IF_ERROR(trainer.EndIteration(pooled_grad.data()));
+    interval_loss += loss;
+    interval_samples += batch.num_samples;
+    samples += batch.num_samples;
+    ++iterations;
+    ++interval_iterations;
+    if (options.metrics_interval > 0 && iterations % options.metrics_interval == 0) {
+      RETURN_IF_ERROR(report(false));
+    }
+  }
+  // Every trainer ran the same number of iterations, so all take part in the last report.
+  if (interval_iterations > 0 || iterations == 0) RETURN_IF_ERROR(report(true));
+  const double train_seconds = total_watch.Seconds();
+  RETURN_IF_ERROR(trainer.Flush());
+  progress.Finish(absl::StrFormat("%d iterations, final loss %.4f", iterations, last_loss));
+
+  // Held-out evaluation with the trained parameters.
+  std::vector<float> probabilities;
+  while (true) {
+    ASSIGN_OR_RETURN(bool more, trainer.BeginEvalBatch(&batch));
+    if (!more) break;
+    ASSIGN_OR_RETURN(const float* pooled, trainer.LookupPooled());
+    probabilities.resize(batch.num_samples);
+    RETURN_IF_ERROR(
+        model->Forward(batch.dense, pooled, nullptr, batch.num_samples, probabilities.data())
+            .status());
+    outcome->eval_predictions.insert(outcome->eval_predictions.end(), probabilities.begin(),
+                                     probabilities.end());
+    outcome->eval_labels.insert(outcome->eval_labels.end(), batch.labels_host,
+                                batch.labels_host + batch.num_samples);
+  }
+  RETURN_IF_ERROR(model->ReadParameters(&outcome->dense_parameters));
+  const PhaseTimes totals =
+      PhaseTimes::FromStats(trainer.stats(), forward_backward_seconds, optimizer_seconds);
+  outcome->info["train_loss"] = last_loss;
+  outcome->info["iterations"] = iterations;
+  outcome->info["samples"] = samples;
+  outcome->info["seconds"] = train_seconds;
+  outcome->info["time_ms"] = totals.ToJsonMs(iterations);
+  return absl::OkStatus();
+}
+
+TrainLoop MakeDlrmLoop(DlrmLoopOptions options) {
+  return [options](Trainer& trainer, TrainerOutcome* outcome) {
+    DlrmLoopOptions mine = options;
+    if (trainer.id() != 0) {
+      mine.metrics = nullptr;
+      mine.progress = false;
+    }
+    return RunDlrmLoop(trainer, mine, outcome);
+  };
+}
+
+}  // namespace bagpipe
