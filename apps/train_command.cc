@@ -111,6 +111,13 @@ absl::Status RunTrain(TrainFlags flags) {
     ASSIGN_OR_RETURN(mpi, MpiSession::Init(&argc, &argv));
     ASSIGN_OR_RETURN(mpi_transport, MpiTransport::Create());
     layout.trainers = mpi->size() - 1 - flags.servers;
+    if (layout.trainers < 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "mpirun started %d ranks but --servers %d leaves no trainer: a job needs 1 + S + T "
+          "ranks (rank 0 the data loader and oracle, ranks 1..S the embedding servers, the "
+          "rest trainers)",
+          mpi->size(), flags.servers));
+    }
     RETURN_IF_ERROR(layout.Validate(mpi->size()));
   }
   const bool is_rank0 = mpi == nullptr || mpi->rank() == 0;

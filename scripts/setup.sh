@@ -10,6 +10,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libopenblas-dev libssl-dev libxxhash-dev
 )
+# The end-to-end tests and bench scripts read JSON with python3 (any python3 will do).
+command -v python3 >/dev/null 2>&1 || packages+=(python3)
 for arg in "$@"; do
   case "$arg" in
     --with-plots) packages+=(python3-matplotlib) ;;

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Plots the miss-ratio curves that `bagpipe sim --mrc FILE.csv` writes.
+
+Usage: scripts/plot_mrc.py FILE.csv --out PLOT.png [--log-x] [--title TEXT]
+
+The CSV has a header and the columns policy,capacity,misses,accesses,miss_ratio; the plot has
+one line per policy, miss ratio (%) against cache capacity in rows. A policy with a single point
+(ttl, whose capacity is its peak resident rows) is drawn as a marker. Needs matplotlib (Debian:
+python3-matplotlib, which `scripts/setup.sh --with-plots` installs); exits 2 without it.
+"""
+import argparse
+import csv
+import os
+import sys
+
+
+def import_pyplot():
+    """Returns matplotlib.pyplot on the Agg backend, or exits 2 naming the package to install.
+
+    python3-matplotlib installs into the system interpreter; when this script runs under another
+    one (pyenv, a virtual environment) that lacks matplotlib, it re-runs itself once under
+    /usr/bin/python3.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        system = "/usr/bin/python3"
+        if (os.path.exists(system) and not os.environ.get("BAGPIPE_PLOT_REEXEC")
+                and os.path.realpath(sys.executable) != os.path.realpath(system)):
+            os.environ["BAGPIPE_PLOT_REEXEC"] = "1"
+            os.execv(system, [system, os.path.abspath(sys.argv[0])] + sys.argv[1:])
+        print(f"{os.path.basename(sys.argv[0])}: matplotlib is not installed; install the Debian "
+              "package python3-matplotlib (scripts/setup.sh --with-plots) or pip install "
+              "matplotlib", file=sys.stderr)
+        sys.exit(2)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def read_curves(path):
+    """Returns {policy: [(capacity, miss_ratio), ...]} in file order of first appearance."""
+    curves = {}
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        required = {"policy", "capacity", "miss_ratio"}
+        if reader.fieldnames is None or not required <= set(reader.fieldnames):
+            raise ValueError(f"expected the columns {','.join(sorted(required))} in the header, "
+                             f"got {reader.fieldnames}")
+        for number, row in enumerate(reader, 2):
+            try:
+                point = (float(row["capacity"]), float(row["miss_ratio"]))
+            except (TypeError, ValueError):
+                raise ValueError(f"line {number}: bad capacity or miss_ratio: {row}") from None
+            curves.setdefault(row["policy"], []).append(point)
+    if not curves:
+        raise ValueError("no data rows")
+    return curves
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description="Plot miss ratio vs cache capacity per policy from bagpipe sim --mrc.")
+    parser.add_argument("csv", metavar="FILE.csv", help="bagpipe sim --mrc output")
+    parser.add_argument("--out", required=True, metavar="PLOT.png", help="image to write")
+    parser.add_argument("--log-x", action="store_true", help="logarithmic capacity axis")
+    parser.add_argument("--title", default="miss-ratio curve", help="plot title")
+    args = parser.parse_args()
+
+    try:
+        curves = read_curves(args.csv)
+    except (OSError, ValueError) as e:
+        print(f"plot_mrc.py: {args.csv}: {e}", file=sys.stderr)
+        return 1
+
+    plt = import_pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for policy, points in curves.items():
+        points.sort()
+        xs = [p[0] for p in points]
+        ys = [100.0 * p[1] for p in points]
+        if len(points) == 1:
+            ax.plot(xs, ys, marker="*", markersize=12, linestyle="none",
+                    label=f"{policy} (peak rows)" if policy == "ttl" else policy)
+        else:
+            ax.plot(xs, ys, marker="o", markersize=4, label=policy)
+    ax.set_xlabel("cache capacity (rows, all tables)")
+    ax.set_ylabel("miss ratio (%)")
+    ax.set_title(args.title)
+    if args.log_x:
+        ax.set_xscale("log")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    fig.savefig(args.out, dpi=120)
+    plt.close(fig)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

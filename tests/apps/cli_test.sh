@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# End-to-end checks of the bagpipe command: real datasets train end to end, runs compare, and bad
+# input fails with a clear message and a non-zero exit.
+# Usage: cli_test.sh BAGPIPE_BINARY SOURCE_DIR
+set -u
+BAGPIPE=$1
+SRC=$2
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+CRITEO="criteo:$SRC/tests/fixtures/criteo_kaggle_sample_100.tsv"
+MOVIELENS="csv:$SRC/tests/fixtures/movielens_small.csv"
+MOVIELENS_SCHEMA='label=rating>3.5; dense=year; sparse=userId,movieId,split(genres,|)'
+failures=0
+
+# expect_ok NAME ARGS...: the command succeeds.
+expect_ok() {
+  local name=$1
+  shift
+  if ! "$BAGPIPE" "$@" >"$WORK/$name.out" 2>&1; then
+    echo "FAIL $name: exit $? (expected success)"
+    sed 's/^/    /' "$WORK/$name.out" | tail -20
+    failures=$((failures + 1))
+  else
+    echo "ok   $name"
+  fi
+}
+
+# expect_error NAME REGEX ARGS...: the command fails (non-zero) and prints REGEX.
+expect_error() {
+  local name=$1 regex=$2
+  shift 2
+  "$BAGPIPE" "$@" >"$WORK/$name.out" 2>&1
+  local rc=$?
+  if [[ $rc -eq 0 ]]; then
+    echo "FAIL $name: succeeded (expected an error matching '$regex')"
+    failures=$((failures + 1))
+  elif ! grep -Eq -- "$regex" "$WORK/$name.out"; then
+    echo "FAIL $name: exit $rc but the message does not match '$regex':"
+    sed 's/^/    /' "$WORK/$name.out" | tail -10
+    failures=$((failures + 1))
+  else
+    echo "ok   $name (exit $rc: $(grep -Em1 -- "$regex" "$WORK/$name.out"))"
+  fi
+}
+
+# json_field FILE KEY: a top-level field of a JSON file.
+json_field() {
+  python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"
+}
+
+# --- real data, end to end -----------------------------------------------------------------
+expect_ok criteo_train train --data "$CRITEO" --batch-size 16 --epochs 3 --dim 8 \
+  --eval-fraction 0.2 --cache oracle --cache-rows 600 --quiet --out "$WORK/criteo"
+expect_ok movielens_train train --data "$MOVIELENS" --schema "$MOVIELENS_SCHEMA" \
+  --batch-size 2048 --iterations 30 --dim 8 --eval-fraction 0.1 --cache lru --cache-rows 4000 \
+  --trainers 2 --quiet --out "$WORK/movielens"
+for key in params_sha256 samples_per_s hit_rate eval; do
+  if ! grep -q "\"$key\"" "$WORK/movielens/summary.json" 2>/dev/null; then
+    echo "FAIL movielens summary: no '$key' in summary.json"
+    failures=$((failures + 1))
+  fi
+done
+if [[ $(grep -c '"kind":"train"' "$WORK/movielens/metrics.jsonl" 2>/dev/null) -lt 1 ]]; then
+  echo "FAIL movielens metrics: no training lines in metrics.jsonl"
+  failures=$((failures + 1))
+fi
+
+# --- oracle and off agree bit for bit; compare says so ----------------------------------------
+SYN="synthetic:samples=20000,tables=8,scale=0.001,alpha=1.05,seed=2"
+for mode in oracle off; do
+  expect_ok "syn_$mode" train --data "$SYN" --batch-size 512 --iterations 25 --cache $mode \
+    --cache-rows 3000 --deterministic --quiet --out "$WORK/$mode" --dump-params "$WORK/$mode"
+done
+expect_ok compare compare "$WORK/off" "$WORK/oracle"
+if ! grep -q "parameters bit-identical: yes" "$WORK/compare.out"; then
+  echo "FAIL compare: oracle and off parameters differ"
+  sed 's/^/    /' "$WORK/compare.out"
+  failures=$((failures + 1))
+fi
+
+# --- bad input ---------------------------------------------------------------------------
+expect_error missing_file "no_such_file.tsv" train --data "criteo:$WORK/no_such_file.tsv" --quiet
+printf '1\t2\t3\n' >"$WORK/short.tsv"
+expect_error short_line "short.tsv:1:.*fields" train --data "criteo:$WORK/short.tsv" --quiet
+expect_error bad_schema "nosuchcolumn" train --data "$MOVIELENS" \
+  --schema 'label=rating>3.5; sparse=nosuchcolumn' --quiet
+expect_error bad_cache_mode "belady2" train --data "$SYN" --cache belady2 --quiet
+expect_error bad_bottom "bottom" train --data "$SYN" --dim 8 --bottom 13-64-16 --quiet
+expect_error tiny_cache "error:.*(capacity|cache)" train --data "$SYN" --batch-size 512 --iterations 5 \
+  --cache oracle --cache-rows 10 --quiet
+expect_error bad_eval_fraction "eval-fraction" train --data "$SYN" --eval-fraction 1.5 --quiet
+expect_error bad_link "server-link|link" train --data "$SYN" --server-link "fast" --quiet
+expect_error compare_missing "summary.json|No such" compare "$WORK/nothing" "$WORK/off"
+
+if [[ $failures -gt 0 ]]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all checks passed"

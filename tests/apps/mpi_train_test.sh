@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Distributed training under mpirun on one machine (issue 6, "Done when"):
+#  - T = 2, S = 1 and T = 3, S = 2 jobs with --cache oracle and --cache lru end with parameters
+#    bit-identical (--deterministic) to the single-process --cache off run of the same
+#    configuration (same global batches split into the same T shards);
+#  - a rank killed mid-run, and a rank that hangs, end the job with a clear error within the
+#    peer timeout instead of hanging.
+# Usage: mpi_train_test.sh BAGPIPE_BINARY MPIEXEC
+set -u
+BAGPIPE=$1
+MPIEXEC=${2:-mpirun}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+SYN="synthetic:samples=40000,tables=8,scale=0.001,alpha=1.05,seed=5"
+COMMON=(--data "$SYN" --batch-size 600 --iterations 30 --cache-rows 2500 --dim 8
+        --optimizer adagrad --deterministic --quiet)
+failures=0
+
+sha() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['params_sha256'])" "$1"; }
+
+for layout in "2 1" "3 2"; do
+  read -r T S <<<"$layout"
+  ref="$WORK/off_T${T}_S${S}"
+  if ! "$BAGPIPE" train "${COMMON[@]}" --cache off --trainers "$T" --servers "$S" \
+      --out "$ref" >"$ref.log" 2>&1; then
+    echo "FAIL embedded off T=$T S=$S"; cat "$ref.log"; failures=$((failures + 1)); continue
+  fi
+  for mode in oracle lru; do
+    run="$WORK/mpi_${mode}_T${T}_S${S}"
+    np=$((1 + S + T))
+    if ! timeout 300 "$MPIEXEC" -np "$np" --oversubscribe "$BAGPIPE" train "${COMMON[@]}" \
+        --cache "$mode" --servers "$S" --out "$run" >"$run.log" 2>&1; then
+      echo "FAIL mpirun -np $np $mode T=$T S=$S"; tail -20 "$run.log"
+      failures=$((failures + 1)); continue
+    fi
+    if [[ "$(sha "$run/summary.json")" != "$(sha "$ref/summary.json")" ]]; then
+      echo "FAIL $mode T=$T S=$S under mpirun: parameters differ from the embedded off run"
+      failures=$((failures + 1))
+    else
+      echo "ok   mpirun -np $np --cache $mode (T=$T, S=$S) == embedded --cache off: $(sha "$run/summary.json")"
+    fi
+  done
+done
+
+# A wrong world size is refused with the layout spelled out.
+"$MPIEXEC" -np 3 --oversubscribe "$BAGPIPE" train "${COMMON[@]}" --servers 2 \
+  >"$WORK/layout.log" 2>&1
+if [[ $? -eq 0 ]] || ! grep -q "leaves no trainer" "$WORK/layout.log"; then
+  echo "FAIL wrong world size: expected an error naming the layout"; cat "$WORK/layout.log"
+  failures=$((failures + 1))
+else
+  echo "ok   wrong world size: $(grep -m1 -i 'error' "$WORK/layout.log")"
+fi
+
+# fault KIND SIGNAL: start a long job, send SIGNAL to one trainer rank after it started, and
+# require the job to end with a non-zero exit within the peer timeout (plus slack).
+fault() {
+  local kind=$1 signal=$2
+  local log="$WORK/fault_$kind.log"
+  "$MPIEXEC" -np 4 --oversubscribe "$BAGPIPE" train --data "$SYN" --batch-size 200 \
+    --iterations 1000000 --cache oracle --cache-rows 2500 --dim 8 --servers 1 --quiet \
+    --peer-timeout 5 >"$log" 2>&1 &
+  local launcher=$!
+  # The ranks are the launcher's children; wait until they all run and training began.
+  local ranks=""
+  for _ in $(seq 1 100); do
+    ranks=$(pgrep -P "$launcher" -f "$BAGPIPE" | sort -n)
+    [[ $(echo "$ranks" | wc -w) -ge 4 ]] && break
+    sleep 0.1
+  done
+  sleep 2
+  local victim
+  victim=$(echo "$ranks" | tail -1)
+  local start=$SECONDS
+  kill "-$signal" "$victim" 2>/dev/null
+  local waited=0
+  while kill -0 "$launcher" 2>/dev/null && [[ $waited -lt 60 ]]; do
+    sleep 1
+    waited=$((SECONDS - start))
+  done
+  if kill -0 "$launcher" 2>/dev/null; then
+    echo "FAIL $kind: the job was still running 60 s after the rank got SIG$signal"
+    kill -9 "$launcher" $ranks 2>/dev/null
+    failures=$((failures + 1))
+    return
+  fi
+  wait "$launcher"
+  local rc=$?
+  if [[ $rc -eq 0 ]]; then
+    echo "FAIL $kind: the job exited 0 after a rank got SIG$signal"; tail -5 "$log"
+    failures=$((failures + 1))
+    return
+  fi
+  echo "ok   $kind: job ended in $((SECONDS - start)) s with exit $rc"
+  grep -Ei "error|signal|killed|rank" "$log" | head -3 | sed 's/^/       /'
+  kill -CONT $ranks 2>/dev/null
+}
+fault "rank killed (SIGKILL)" KILL
+# A stopped rank is a hung peer: the others must time out, name it, and abort the job.
+fault "rank hung (SIGSTOP)" STOP
+if ! grep -Eqi "no message|timed out|waited|hung|died" "$WORK/fault_rank hung (SIGSTOP).log"; then
+  echo "FAIL hung rank: the error does not say that a peer hung or died"
+  tail -10 "$WORK/fault_rank hung (SIGSTOP).log"
+  failures=$((failures + 1))
+fi
+
+if [[ $failures -gt 0 ]]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all checks passed"
