@@ -267,7 +267,14 @@ absl::Status RunTrain(TrainFlags flags) {
     total.fetched_bytes += outcome.stats.fetched_bytes;
     total.written_back_bytes += outcome.stats.written_back_bytes;
     total.exchanged_bytes += outcome.stats.exchanged_bytes;
+    total.exchanged_rows += outcome.stats.exchanged_rows;
+    total.shared_rows += outcome.stats.shared_rows;
+    total.sync_seconds += outcome.stats.sync_seconds;
   }
+  // Without the private-row optimisation every trainer would send the gradient of every row it
+  // touched to every other trainer (as a dense all-to-all of touched rows does).
+  const double all_rows_exchange_bytes = static_cast<double>(total.unique_rows) * flags.dim *
+                                         sizeof(float) * (layout.trainers - 1);
   const nlohmann::json& info = result.trainers.at(0).info;
   const int64_t iterations = info.value("iterations", int64_t{0});
   const int64_t samples_per_trainer = info.value("samples", int64_t{0});
@@ -309,6 +316,12 @@ absl::Status RunTrain(TrainFlags flags) {
       {"fetched_bytes", total.fetched_bytes},
       {"written_back_bytes", total.written_back_bytes},
       {"exchanged_bytes", total.exchanged_bytes},
+      {"exchanged_rows", total.exchanged_rows},
+      {"exchanged_bytes_without_private_rows", all_rows_exchange_bytes},
+      {"unique_rows", total.unique_rows},
+      {"shared_row_updates", total.shared_rows},
+      {"sync_ms_per_iteration_mean_over_trainers",
+       iterations > 0 ? 1e3 * total.sync_seconds / iterations / layout.trainers : 0.0},
       {"time_ms", info.value("time_ms", nlohmann::json::object())},
       {"oracle", result.oracle.ToJson()},
       {"parameter_rows", result.parameter_rows},
