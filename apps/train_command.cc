@@ -273,8 +273,8 @@ absl::Status RunTrain(TrainFlags flags) {
   }
   // Without the private-row optimisation every trainer would send the gradient of every row it
   // touched to every other trainer (as a dense all-to-all of touched rows does).
-  const double all_rows_exchange_bytes = static_cast<double>(total.unique_rows) * flags.dim *
-                                         sizeof(float) * (layout.trainers - 1);
+  const double all_rows_exchange_bytes =
+      static_cast<double>(total.unique_rows) * flags.dim * sizeof(float) * (layout.trainers - 1);
   const nlohmann::json& info = result.trainers.at(0).info;
   const int64_t iterations = info.value("iterations", int64_t{0});
   const int64_t samples_per_trainer = info.value("samples", int64_t{0});

@@ -91,6 +91,7 @@ absl::Status RunDlrmLoop(Trainer& trainer, const DlrmLoopOptions& options,
   double interval_loss = 0;
   int64_t interval_samples = 0, iterations = 0, samples = 0, interval_iterations = 0;
   double last_loss = 0;
+  int64_t global_samples = 0;  // all trainers', as of the last report
 
   auto report = [&](bool final_report) -> absl::Status {
     const TrainerStats stats = trainer.stats();
@@ -102,6 +103,7 @@ absl::Status RunDlrmLoop(Trainer& trainer, const DlrmLoopOptions& options,
     const PhaseTimes now =
         PhaseTimes::FromStats(stats, forward_backward_seconds, optimizer_seconds);
     last_loss = sums[1] > 0 ? sums[0] / sums[1] : 0;
+    global_samples += static_cast<int64_t>(sums[1]);
     if (leader) {
       const double samples_per_s = seconds > 0 ? sums[1] / seconds : 0;
       const double hit_rate = sums[2] > 0 ? sums[3] / sums[2] : 0;
@@ -109,7 +111,7 @@ absl::Status RunDlrmLoop(Trainer& trainer, const DlrmLoopOptions& options,
         options.metrics->Write(
             {{"kind", "train"},
              {"iteration", iterations},
-             {"samples", samples},
+             {"samples", global_samples},
              {"loss", last_loss},
              {"samples_per_s", samples_per_s},
              {"hit_rate", hit_rate},
