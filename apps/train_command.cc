@@ -40,6 +40,7 @@ struct TrainFlags {
   int dim = 16;
   std::string bottom;
   std::string top = "64-32-1";
+  std::string model = "dlrm";
   int trainers = 1;
   int servers = 1;
   std::string device = "cpu";
@@ -168,7 +169,14 @@ absl::Status RunTrain(TrainFlags flags) {
   loop.model.seed = flags.seed;
   loop.model.deterministic = flags.deterministic;
   loop.model.optimizer = {dense_kind, flags.dense_lr > 0 ? flags.dense_lr : flags.lr, 1e-8f, 0.0f};
-  RETURN_IF_ERROR(ValidateDenseModelConfig(loop.model));
+  if (flags.model == "logreg") {
+    loop.head = DenseHeadKind::kLogReg;
+  } else if (flags.model == "dlrm") {
+    RETURN_IF_ERROR(ValidateDenseModelConfig(loop.model));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model '", flags.model, "': expected dlrm or logreg"));
+  }
   loop.metrics_interval = flags.metrics_interval;
   loop.total_iterations = flags.iterations;
   loop.progress = !flags.quiet;
@@ -302,6 +310,7 @@ absl::Status RunTrain(TrainFlags flags) {
       {"dim", flags.dim},
       {"bottom", FormatLayers(loop.model.bottom)},
       {"top", FormatLayers(loop.model.top)},
+      {"model", flags.model},
       {"iterations", iterations},
       {"samples", samples},
       {"train_seconds", train_seconds},
@@ -327,6 +336,24 @@ absl::Status RunTrain(TrainFlags flags) {
       {"parameter_rows", result.parameter_rows},
       {"params_sha256", sha},
   };
+  // Per rank: every trainer's own counters and phase times, and every server's.
+  nlohmann::json per_trainer = nlohmann::json::array();
+  for (size_t t = 0; t < result.trainers.size(); ++t) {
+    nlohmann::json entry = result.trainers[t].stats.ToJson();
+    entry["trainer"] = t;
+    entry["rank"] = layout.trainer_rank(static_cast<int>(t));
+    entry["time_ms"] = result.trainers[t].info.value("time_ms", nlohmann::json::object());
+    per_trainer.push_back(std::move(entry));
+  }
+  summary["per_trainer"] = std::move(per_trainer);
+  nlohmann::json per_server = nlohmann::json::array();
+  for (size_t s = 0; s < result.servers.size(); ++s) {
+    nlohmann::json entry = ServerStatsJson(result.servers[s]);
+    entry["server"] = s;
+    entry["rank"] = layout.server_rank(static_cast<int>(s));
+    per_server.push_back(std::move(entry));
+  }
+  summary["per_server"] = std::move(per_server);
   if (!dump_dir.empty()) summary["params"] = JoinPath(dump_dir, "params.bin");
   if (!predictions.empty()) summary["eval"] = Evaluate(predictions, labels).ToJson();
   if (!flags.summary_json.empty()) RETURN_IF_ERROR(WriteJsonFile(flags.summary_json, summary));
@@ -388,6 +415,10 @@ Subcommand AddTrainCommand(CLI::App& root) {
   app->add_option("--bottom", flags->bottom,
                   "bottom MLP sizes, input first, last = --dim (default DENSE-64-DIM)");
   app->add_option("--top", flags->top, "top MLP sizes after the interaction, last = 1")
+      ->capture_default_str();
+  app->add_option("--model", flags->model,
+                  "dlrm (the reference DLRM) or logreg (embedding-only logistic regression over "
+                  "the pooled embeddings: measures the runtime, not the MLPs; CPU)")
       ->capture_default_str();
   app->add_option("--trainers,-T", flags->trainers, "trainers (embedded)")
       ->capture_default_str()

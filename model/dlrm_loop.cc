@@ -8,6 +8,7 @@
 #include "core/progress.h"
 #include "core/status.h"
 #include "core/timer.h"
+#include "model/logreg_head.h"
 
 namespace bagpipe {
 namespace {
@@ -68,13 +69,12 @@ absl::Status AllReduceInPlace(Trainer& trainer, float* data, size_t count,
   return context->Synchronize();
 }
 
-}  // namespace
-
-absl::Status RunDlrmLoop(Trainer& trainer, const DlrmLoopOptions& options,
-                         TrainerOutcome* outcome) {
+// The loop for any dense head with DenseModel's calling contract (DenseModel, LogRegHead).
+template <typename Head>
+absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& options,
+                     TrainerOutcome* outcome) {
   const auto& context = trainer.context();
-  ASSIGN_OR_RETURN(std::unique_ptr<DenseModel> model, DenseModel::Create(context, options.model));
-  const DenseModelConfig& config = model->config();
+  const DenseModelConfig& config = options.model;
   const float lr = config.optimizer.learning_rate;
   const bool leader = trainer.id() == 0;
   Progress progress("train", options.total_iterations, leader && options.progress);
@@ -192,6 +192,22 @@ absl::Status RunDlrmLoop(Trainer& trainer, const DlrmLoopOptions& options,
   outcome->info["seconds"] = train_seconds;
   outcome->info["time_ms"] = totals.ToJsonMs(iterations);
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunDlrmLoop(Trainer& trainer, const DlrmLoopOptions& options,
+                         TrainerOutcome* outcome) {
+  if (options.head == DenseHeadKind::kLogReg) {
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<LogRegHead> head,
+        LogRegHead::Create(trainer.context(), options.model.num_tables, options.model.dim,
+                           options.model.seed, options.model.optimizer));
+    return RunLoop(trainer, head.get(), options, outcome);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<DenseModel> model,
+                   DenseModel::Create(trainer.context(), options.model));
+  return RunLoop(trainer, model.get(), options, outcome);
 }
 
 TrainLoop MakeDlrmLoop(DlrmLoopOptions options) {

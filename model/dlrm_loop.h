@@ -21,8 +21,15 @@
 
 namespace bagpipe {
 
+enum class DenseHeadKind {
+  kDlrm,    // model/dense_model.h: bottom MLP, dot interaction, top MLP
+  kLogReg,  // model/logreg_head.h: embedding-only logistic regression (CPU)
+};
+
 struct DlrmLoopOptions {
   DenseModelConfig model;  // num_tables and dim must match the trainer's batches and cache
+  // kLogReg uses model.num_tables, dim, seed and optimizer only.
+  DenseHeadKind head = DenseHeadKind::kDlrm;
   int metrics_interval = 50;
   // For the progress bar: iterations planned (<= 0: unknown).
   int64_t total_iterations = 0;

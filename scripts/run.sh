@@ -11,8 +11,7 @@ cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 build_dir=${BUILD_DIR:-build}
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBAGPIPE_BUILD_TESTS=OFF \
-  -DBAGPIPE_BUILD_BENCHMARKS=OFF >/dev/null
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build_dir" -j "$(nproc)" --target bagpipe
 
 out=${OUT:-runs}

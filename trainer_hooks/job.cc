@@ -57,16 +57,6 @@ absl::StatusOr<TrainerOutcome> DecodeOutcome(const Bytes& bytes) {
   return outcome;
 }
 
-nlohmann::json ServerStatsJson(const ServerStats& s) {
-  return {{"fetch_requests", s.fetch_requests},
-          {"rows_fetched", s.rows_fetched},
-          {"write_back_messages", s.write_back_messages},
-          {"rows_written_back", s.rows_written_back},
-          {"deferred_fetches", s.deferred_fetches},
-          {"rows_stored", s.rows_stored},
-          {"bytes_per_row", s.bytes_per_row}};
-}
-
 ServerStats ServerStatsFromJson(const nlohmann::json& j) {
   ServerStats s;
   s.fetch_requests = j.value("fetch_requests", int64_t{0});
@@ -201,6 +191,16 @@ absl::Status RunRole(Transport& transport, const JobOptions& options, BatchStrea
 }
 
 }  // namespace
+
+nlohmann::json ServerStatsJson(const ServerStats& s) {
+  return {{"fetch_requests", s.fetch_requests},
+          {"rows_fetched", s.rows_fetched},
+          {"write_back_messages", s.write_back_messages},
+          {"rows_written_back", s.rows_written_back},
+          {"deferred_fetches", s.deferred_fetches},
+          {"rows_stored", s.rows_stored},
+          {"bytes_per_row", s.bytes_per_row}};
+}
 
 absl::Status RunEmbeddedJob(const JobOptions& options, std::unique_ptr<BatchStream> train,
                             std::unique_ptr<BatchStream> eval, const TrainLoop& loop,

@@ -57,6 +57,9 @@ struct JobResult {
   double seconds = 0;
 };
 
+// A server's counters as JSON (summaries, per-rank metrics).
+nlohmann::json ServerStatsJson(const ServerStats& stats);
+
 // Receives the parameters at rank 0: first the dense parameters, then every embedding row that
 // exists on the servers, in increasing RowId order.
 struct ParamSink {

@@ -24,13 +24,14 @@ struct DlrmRun {
 };
 
 DlrmRun Train(const std::string& policy, int64_t cache_rows, int trainers, int servers,
-          OptimizerKind optimizer, int iterations = 60) {
+              OptimizerKind optimizer, int iterations = 60,
+              DenseHeadKind head = DenseHeadKind::kDlrm) {
   DlrmRun run;
   auto source = OpenSource(kData, SourceOptions{});
   EXPECT_TRUE(source.ok()) << source.status();
   const Schema schema = (*source)->schema();
-  auto train = std::make_unique<BatchStream>(
-      SampleRange(std::move(*source), 0, 18000), BatchStream::Options{256, 0, false});
+  auto train = std::make_unique<BatchStream>(SampleRange(std::move(*source), 0, 18000),
+                                             BatchStream::Options{256, 0, false});
   auto tail = OpenSource(kData, SourceOptions{});
   EXPECT_TRUE(tail.ok());
   auto eval = std::make_unique<BatchStream>(SampleRange(std::move(*tail), 18000, -1),
@@ -45,6 +46,7 @@ DlrmRun Train(const std::string& policy, int64_t cache_rows, int trainers, int s
   loop.model.deterministic = true;
   loop.model.optimizer = {optimizer, 0.05f, 1e-8f, 0.0f};
   loop.metrics_interval = 20;
+  loop.head = head;
 
   JobOptions options;
   options.layout = {servers, trainers};
@@ -54,8 +56,8 @@ DlrmRun Train(const std::string& policy, int64_t cache_rows, int trainers, int s
   options.trainer.policy = *ParseCachePolicy(policy);
   options.trainer.cache_rows = cache_rows;
   options.trainer.prefetch_depth = 3;
-  options.trainer.initializer = RowInitializer(
-      3, kDim, StateFloatsPerRow(optimizer, kDim), 0.0f, schema.table_rows);
+  options.trainer.initializer =
+      RowInitializer(3, kDim, StateFloatsPerRow(optimizer, kDim), 0.0f, schema.table_rows);
   options.oracle.planner.schema = schema;
   options.oracle.planner.num_trainers = trainers;
   options.oracle.planner.capacity = cache_rows;
@@ -114,6 +116,16 @@ TEST(DlrmLoopTest, LearnsAndEvaluatesTheHeldOutTail) {
   // The synthetic labels depend on dense features and rows: a trained model ranks them.
   EXPECT_GT(run.auc, 0.6);
   EXPECT_EQ(run.result.trainers[0].dense_parameters.size() > 0, true);
+}
+
+TEST(DlrmLoopTest, EmbeddingOnlyLogisticRegressionMatchesOffAndLearns) {
+  const DlrmRun off = Train("off", 4000, 2, 1, OptimizerKind::kAdagrad, 70, DenseHeadKind::kLogReg);
+  const DlrmRun oracle =
+      Train("oracle", 900, 2, 1, OptimizerKind::kAdagrad, 70, DenseHeadKind::kLogReg);
+  EXPECT_EQ(oracle.sha, off.sha);
+  // w (tables x dim) and the bias.
+  EXPECT_EQ(off.result.trainers[0].dense_parameters.size(), 6u * kDim + 1);
+  EXPECT_GT(off.auc, 0.55);
 }
 
 TEST(EvalMetricsTest, AucCountsOrderedPairsAndTiesHalf) {
