@@ -30,7 +30,7 @@ struct TrainFlags {
   int epochs = 1;
   std::string cache = "oracle";
   int64_t cache_rows = 0;
-  int lookahead = 200;
+  int lookahead = 20;
   std::string optimizer = "adagrad";
   std::string dense_optimizer;
   float lr = 0.05f;
@@ -396,7 +396,10 @@ Subcommand AddTrainCommand(CLI::App& root) {
                   "rows each trainer's cache holds (0: a fifth of all rows, at least four "
                   "local batches)")
       ->capture_default_str();
-  app->add_option("--lookahead,-L", flags->lookahead, "oracle window in batches")
+  app->add_option(
+         "--lookahead,-L", flags->lookahead,
+         "oracle window in batches (Belady within it; L >= 20 is within ~1% of the offline optimum "
+         "on skewed data, and the first plan waits for L batches to be read)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app->add_option("--optimizer", flags->optimizer, "sgd, adagrad or rowwise-adagrad")
