@@ -12,6 +12,7 @@
 #include "data/synthetic.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/data/data_testing.h"
 
 namespace bagpipe {
 namespace {
@@ -21,9 +22,7 @@ using ::testing::HasSubstr;
 const std::string kCriteo =
     std::string(BAGPIPE_SOURCE_DIR) + "/tests/fixtures/criteo_kaggle_sample_100.tsv";
 
-std::string TempPath(const std::string& name) {
-  return ::testing::TempDir() + "/binary_format_test_" + std::to_string(::getpid()) + "_" + name;
-}
+std::string TempPath(const std::string& name) { return TestTempPath("binary_format_test", name); }
 
 std::unique_ptr<SampleSource> Must(absl::StatusOr<std::unique_ptr<SampleSource>> source) {
   EXPECT_TRUE(source.ok()) << source.status();

@@ -15,21 +15,19 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tbb/global_control.h"
+#include "tests/data/data_testing.h"
 
 namespace bagpipe {
 namespace {
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  return WriteTestFile("criteo_reader_test", name, text);
+}
 
 using ::testing::HasSubstr;
 
 const std::string kFixture =
     std::string(BAGPIPE_SOURCE_DIR) + "/tests/fixtures/criteo_kaggle_sample_100.tsv";
-
-std::string WriteFile(const std::string& name, const std::string& text) {
-  const std::string path =
-      ::testing::TempDir() + "/criteo_reader_test_" + std::to_string(::getpid()) + "_" + name;
-  std::ofstream(path, std::ios::binary) << text;
-  return path;
-}
 
 // A valid line: label, 13 dense values, 26 hex values.
 std::string Line(int label = 1, const std::string& first_dense = "3",
@@ -45,21 +43,6 @@ std::unique_ptr<SampleSource> Open(const std::string& path, SourceOptions option
   auto source = OpenCriteo(path, options);
   EXPECT_TRUE(source.ok()) << source.status();
   return source.ok() ? std::move(source).value() : nullptr;
-}
-
-Batch ReadAll(SampleSource& source, int64_t chunk) {
-  Batch all, part;
-  all.Reset(source.schema().num_dense(), source.schema().num_tables());
-  bool first = true;
-  while (true) {
-    auto read = source.Read(chunk, &part);
-    EXPECT_TRUE(read.ok()) << read.status();
-    if (!read.ok() || *read == 0) break;
-    if (first) all.first_sample = part.first_sample;
-    first = false;
-    all.Append(part);
-  }
-  return all;
 }
 
 absl::Status ReadError(const std::string& path, SourceOptions options = {}) {

@@ -10,9 +10,14 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/data/data_testing.h"
 
 namespace bagpipe {
 namespace {
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  return WriteTestFile("csv_reader_test", name, text);
+}
 
 using ::testing::HasSubstr;
 
@@ -20,13 +25,6 @@ const std::string kMovieLens =
     std::string(BAGPIPE_SOURCE_DIR) + "/tests/fixtures/movielens_small.csv";
 const std::string kMovieLensSpec =
     "label=rating>3.5; dense=year; sparse=userId,movieId,split(genres,|)";
-
-std::string WriteFile(const std::string& name, const std::string& text) {
-  const std::string path =
-      ::testing::TempDir() + "/csv_reader_test_" + std::to_string(::getpid()) + "_" + name;
-  std::ofstream(path, std::ios::binary) << text;
-  return path;
-}
 
 SourceOptions Spec(const std::string& spec) {
   SourceOptions options;
@@ -38,21 +36,6 @@ std::unique_ptr<SampleSource> Open(const std::string& path, const SourceOptions&
   auto source = OpenCsv(path, options);
   EXPECT_TRUE(source.ok()) << source.status();
   return source.ok() ? std::move(source).value() : nullptr;
-}
-
-Batch ReadAll(SampleSource& source, int64_t chunk) {
-  Batch all, part;
-  all.Reset(source.schema().num_dense(), source.schema().num_tables());
-  bool first = true;
-  while (true) {
-    auto read = source.Read(chunk, &part);
-    EXPECT_TRUE(read.ok()) << read.status();
-    if (!read.ok() || *read == 0) break;
-    if (first) all.first_sample = part.first_sample;
-    first = false;
-    all.Append(part);
-  }
-  return all;
 }
 
 absl::Status ReadError(const std::string& path, const SourceOptions& options) {

@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tbb/global_control.h"
+#include "tests/data/data_testing.h"
 
 namespace bagpipe {
 namespace {
@@ -20,18 +21,6 @@ std::unique_ptr<SampleSource> Open(const std::string& spec) {
   auto source = OpenSynthetic(spec, SourceOptions{});
   EXPECT_TRUE(source.ok()) << source.status();
   return std::move(source).value();
-}
-
-Batch ReadAll(SampleSource& source, int64_t chunk) {
-  Batch all, part;
-  all.Reset(source.schema().num_dense(), source.schema().num_tables());
-  while (true) {
-    auto read = source.Read(chunk, &part);
-    EXPECT_TRUE(read.ok()) << read.status();
-    if (!read.ok() || *read == 0) break;
-    all.Append(part);
-  }
-  return all;
 }
 
 TEST(SyntheticTest, DefaultShapeIsCriteoKaggle) {
