@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/timer.h"
@@ -225,18 +227,23 @@ void Prefetcher::ReceiveLoop() {
     absl::StatusOr<Message> message =
         transport_.Receive(kAnySource, kTagFetchResponse, peer_timeout_);
     bool outstanding = false;
+    std::set<int> silent_servers;  // servers with unanswered requests
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
       outstanding = !requests_.empty();
+      for (const auto& [id, request] : requests_) silent_servers.insert(request.second);
     }
     if (!message.ok()) {
       if (absl::IsDeadlineExceeded(message.status()) && !outstanding) continue;
+      std::vector<std::string> names;
+      for (int s : silent_servers) {
+        names.push_back(absl::StrFormat("server %d (rank %d)", s, layout_.server_rank(s)));
+      }
       FailAll(absl::IsDeadlineExceeded(message.status())
                   ? absl::DeadlineExceededError(absl::StrFormat(
-                        "trainer %d waited %s for rows from the embedding servers; a server "
-                        "died or hung",
-                        trainer_, absl::FormatDuration(peer_timeout_)))
+                        "trainer %d waited %s for rows from %s; that server died or hung", trainer_,
+                        absl::FormatDuration(peer_timeout_), absl::StrJoin(names, ", ")))
                   : message.status());
       return;
     }

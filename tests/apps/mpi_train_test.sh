@@ -3,7 +3,8 @@
 #  - T = 2, S = 1 and T = 3, S = 2 jobs with --cache oracle and --cache lru end with parameters
 #    bit-identical (--deterministic) to the single-process --cache off run of the same
 #    configuration (same global batches split into the same T shards);
-#  - a rank killed mid-run, and a rank that hangs, end the job with a clear error within the
+#  - a trainer killed mid-run, and a trainer or a server that hangs, end the job with a clear
+#    error naming the silent rank within the
 #    peer timeout instead of hanging.
 # Usage: mpi_train_test.sh BAGPIPE_BINARY MPIEXEC
 set -u
@@ -54,10 +55,12 @@ else
   echo "ok   wrong world size: $(grep -m1 -i 'error' "$WORK/layout.log")"
 fi
 
-# fault KIND SIGNAL: start a long job, send SIGNAL to one trainer rank after it started, and
-# require the job to end with a non-zero exit within the peer timeout (plus slack).
+# fault KIND SIGNAL VICTIM: start a long job (rank 0 oracle, rank 1 server, ranks 2-3 trainers),
+# send SIGNAL to one rank after training began — VICTIM "last" (the last rank started: a
+# trainer) or "server" (the rank whose OMPI_COMM_WORLD_RANK is 1) — and require the job to end
+# with a non-zero exit within the peer timeout (plus slack).
 fault() {
-  local kind=$1 signal=$2
+  local kind=$1 signal=$2 which=$3
   local log="$WORK/fault_$kind.log"
   "$MPIEXEC" -np 4 --oversubscribe "$BAGPIPE" train --data "$SYN" --batch-size 200 \
     --iterations 1000000 --cache oracle --cache-rows 2500 --dim 8 --servers 1 --quiet \
@@ -71,8 +74,16 @@ fault() {
     sleep 0.1
   done
   sleep 2
-  local victim
-  victim=$(echo "$ranks" | tail -1)
+  local victim=""
+  if [[ $which == server ]]; then
+    for pid in $ranks; do
+      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then
+        victim=$pid
+      fi
+    done
+  fi
+  [[ -n $victim ]] || victim=$(echo "$ranks" | tail -1)
+  echo "     ($kind: SIG$signal to pid $victim of ranks $(echo $ranks))"
   local start=$SECONDS
   kill "-$signal" "$victim" 2>/dev/null
   local waited=0
@@ -97,12 +108,21 @@ fault() {
   grep -Ei "error|signal|killed|rank" "$log" | head -3 | sed 's/^/       /'
   kill -CONT $ranks 2>/dev/null
 }
-fault "rank killed (SIGKILL)" KILL
+fault "trainer killed (SIGKILL)" KILL last
 # A stopped rank is a hung peer: the others must time out, name it, and abort the job.
-fault "rank hung (SIGSTOP)" STOP
-if ! grep -Eqi "no message|timed out|waited|hung|died" "$WORK/fault_rank hung (SIGSTOP).log"; then
-  echo "FAIL hung rank: the error does not say that a peer hung or died"
-  tail -10 "$WORK/fault_rank hung (SIGSTOP).log"
+for kind in "trainer hung (SIGSTOP)" "server hung (SIGSTOP)"; do
+  which=last
+  [[ $kind == server* ]] && which=server
+  fault "$kind" STOP "$which"
+  if ! grep -Eqi "no message|timed out|waited|hung|died" "$WORK/fault_$kind.log"; then
+    echo "FAIL $kind: the error does not say that a peer hung or died"
+    tail -10 "$WORK/fault_$kind.log"
+    failures=$((failures + 1))
+  fi
+done
+if ! grep -q "server 0 (rank 1)" "$WORK/fault_server hung (SIGSTOP).log"; then
+  echo "FAIL server hung: no error names the silent server (rank 1)"
+  tail -10 "$WORK/fault_server hung (SIGSTOP).log"
   failures=$((failures + 1))
 fi
 

@@ -106,7 +106,8 @@ TEST_F(PrefetcherTest, ADeadServerBecomesAnErrorInWait) {
   auto staging = prefetcher.Wait(0);
   ASSERT_FALSE(staging.ok());
   EXPECT_TRUE(absl::IsDeadlineExceeded(staging.status()));
-  EXPECT_THAT(std::string(staging.status().message()), HasSubstr("server died or hung"));
+  EXPECT_THAT(std::string(staging.status().message()),
+              HasSubstr("rows from server 0 (rank 1); that server died or hung"));
 }
 
 TEST_F(PrefetcherTest, AnAbortElsewhereReachesWait) {

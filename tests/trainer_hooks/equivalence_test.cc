@@ -176,21 +176,29 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, EquivalenceTest,
                                       : std::string(OptimizerName(info.param));
                          });
 
+// A small job on kData for the fault tests.
+JobOptions FaultJobOptions(const Schema& schema, int servers, int trainers, int64_t capacity,
+                           int iterations) {
+  JobOptions options;
+  options.layout = {servers, trainers};
+  options.peer_timeout = absl::Seconds(30);
+  options.trainer.dim = kDim;
+  options.trainer.cache_rows = capacity;
+  options.trainer.initializer = RowInitializer(1, kDim, 0, 0, schema.table_rows);
+  options.oracle.planner.schema = schema;
+  options.oracle.planner.num_trainers = trainers;
+  options.oracle.planner.capacity = capacity;
+  options.oracle.max_iterations = iterations;
+  return options;
+}
+
 TEST(RuntimeFaultTest, CapacityTooSmallForABatchIsAClearError) {
   auto source = OpenSynthetic(std::string(kData), SourceOptions{});
   ASSERT_TRUE(source.ok());
   const Schema schema = (*source)->schema();
   auto stream =
       std::make_unique<BatchStream>(std::move(*source), BatchStream::Options{64, 0, false});
-  JobOptions options;
-  options.layout = {1, 1};
-  options.peer_timeout = absl::Seconds(30);
-  options.trainer.dim = kDim;
-  options.trainer.cache_rows = 20;
-  options.trainer.initializer = RowInitializer(1, kDim, 0, 0, schema.table_rows);
-  options.oracle.planner.schema = schema;
-  options.oracle.planner.capacity = 20;
-  options.oracle.max_iterations = 10;
+  const JobOptions options = FaultJobOptions(schema, 1, 1, 20, 10);
   JobResult result;
   absl::Status status = RunEmbeddedJob(
       options, std::move(stream), nullptr,
@@ -208,16 +216,7 @@ TEST(RuntimeFaultTest, AFailingTrainingLoopEndsEveryRoleWithItsMessage) {
   const Schema schema = (*source)->schema();
   auto stream =
       std::make_unique<BatchStream>(std::move(*source), BatchStream::Options{64, 0, false});
-  JobOptions options;
-  options.layout = {2, 2};
-  options.peer_timeout = absl::Seconds(30);
-  options.trainer.dim = kDim;
-  options.trainer.cache_rows = 1000;
-  options.trainer.initializer = RowInitializer(1, kDim, 0, 0, schema.table_rows);
-  options.oracle.planner.schema = schema;
-  options.oracle.planner.num_trainers = 2;
-  options.oracle.planner.capacity = 1000;
-  options.oracle.max_iterations = 50;
+  const JobOptions options = FaultJobOptions(schema, 2, 2, 1000, 50);
   JobResult result;
   absl::Status status = RunEmbeddedJob(
       options, std::move(stream), nullptr,
