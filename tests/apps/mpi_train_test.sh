@@ -4,8 +4,7 @@
 #    bit-identical (--deterministic) to the single-process --cache off run of the same
 #    configuration (same global batches split into the same T shards);
 #  - a trainer killed mid-run, and a trainer or a server that hangs, end the job with a clear
-#    error naming the silent rank within the
-#    peer timeout instead of hanging.
+#    error naming the silent rank within the peer timeout instead of hanging.
 # Usage: mpi_train_test.sh BAGPIPE_BINARY MPIEXEC
 set -u
 BAGPIPE=$1
