@@ -23,9 +23,15 @@ struct Subcommand {
 struct DataFlags {
   std::string data = "synthetic";
   SourceOptions options;
+  bool quiet = false;  // --quiet: no progress bars
 };
 void AddDataFlags(CLI::App* app, DataFlags* flags);
 absl::StatusOr<std::unique_ptr<SampleSource>> OpenFromFlags(const DataFlags& flags);
+// Wraps `source` (opened from `flags`) so that reading it draws a progress bar labelled
+// `label` on stderr — by megabytes of the input file, or by samples for generated data —
+// unless --quiet. The bar ends when a read returns the end of the data.
+std::unique_ptr<SampleSource> WithProgress(std::unique_ptr<SampleSource> source,
+                                           const DataFlags& flags, const std::string& label);
 // Text for --help describing the data source syntax.
 extern const char kDataHelp[];
 

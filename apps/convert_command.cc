@@ -18,16 +18,18 @@ Subcommand AddConvertCommand(CLI::App& root) {
   app->add_option("--out,-o", flags->out, "output file (written atomically)")->required();
   app->footer(kDataHelp);
   return {app, [flags]() -> absl::Status {
-            ASSIGN_OR_RETURN(auto source, OpenFromFlags(flags->data));
+            ASSIGN_OR_RETURN(auto opened, OpenFromFlags(flags->data));
+            auto source = WithProgress(std::move(opened), flags->data, "converting");
             ASSIGN_OR_RETURN(const ConvertStats stats, WriteBinary(*source, flags->out));
             const SourceStats read = source->stats();
-            std::printf(
-                "%s",
-                absl::StrFormat("wrote %s: %d samples, %.1f MB in %.2f s (%.1f MB/s "
-                                "of input)\n",
-                                flags->out, stats.samples, stats.bytes_written / 1e6, stats.seconds,
-                                stats.seconds > 0 ? read.bytes / 1e6 / stats.seconds : 0.0)
-                    .c_str());
+            const double rate = stats.seconds > 0 ? 1 / stats.seconds : 0.0;
+            const std::string speed =
+                read.bytes > 0 ? absl::StrFormat("%.1f MB/s of input", read.bytes / 1e6 * rate)
+                               : absl::StrFormat("%.0f samples/s", stats.samples * rate);
+            std::printf("%s", absl::StrFormat("wrote %s: %d samples, %.1f MB in %.2f s (%s)\n",
+                                              flags->out, stats.samples, stats.bytes_written / 1e6,
+                                              stats.seconds, speed)
+                                  .c_str());
             if (read.skipped_lines > 0) {
               std::printf("skipped %lld bad lines\n", static_cast<long long>(read.skipped_lines));
             }

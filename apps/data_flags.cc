@@ -1,5 +1,10 @@
+#include <filesystem>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "apps/command.h"
+#include "core/progress.h"
+#include "data/synthetic.h"
 
 namespace bagpipe {
 
@@ -26,10 +31,70 @@ void AddDataFlags(CLI::App* app, DataFlags* flags) {
       ->check(CLI::NonNegativeNumber);
   app->add_option("--max-samples", flags->options.max_samples,
                   "read at most this many samples per epoch (-1 = all)");
+  app->add_flag("--quiet,-q", flags->quiet, "no progress bars");
 }
 
 absl::StatusOr<std::unique_ptr<SampleSource>> OpenFromFlags(const DataFlags& flags) {
   return OpenSource(flags.data, flags.options);
+}
+
+namespace {
+
+// Forwards to a source and reports how far the reading got.
+class ProgressSource final : public SampleSource {
+ public:
+  ProgressSource(std::unique_ptr<SampleSource> source, std::unique_ptr<Progress> progress,
+                 bool by_bytes)
+      : source_(std::move(source)), progress_(std::move(progress)), by_bytes_(by_bytes) {}
+
+  const Schema& schema() const override { return source_->schema(); }
+  absl::StatusOr<int64_t> Read(int64_t max_samples, Batch* batch) override {
+    absl::StatusOr<int64_t> read = source_->Read(max_samples, batch);
+    if (read.ok() && !finished_) {  // one pass: later epochs read silently
+      const SourceStats stats = source_->stats();
+      progress_->Update(by_bytes_ ? stats.bytes / 1000000 : stats.samples);
+      if (*read == 0) {
+        progress_->Finish();
+        finished_ = true;
+      }
+    }
+    return read;
+  }
+  absl::Status Rewind() override { return source_->Rewind(); }
+  SourceStats stats() const override { return source_->stats(); }
+  std::string Describe() const override { return source_->Describe(); }
+
+ private:
+  std::unique_ptr<SampleSource> source_;
+  std::unique_ptr<Progress> progress_;
+  const bool by_bytes_;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<SampleSource> WithProgress(std::unique_ptr<SampleSource> source,
+                                           const DataFlags& flags, const std::string& label) {
+  if (flags.quiet) return source;
+  const std::string& spec = flags.data;
+  int64_t total = 0;
+  bool by_bytes = false;
+  if (absl::StartsWith(spec, "synthetic")) {
+    const size_t colon = spec.find(':');
+    auto config = ParseSyntheticConfig(colon == std::string::npos ? "" : spec.substr(colon + 1));
+    if (config.ok()) total = config->samples;
+    if (flags.options.max_samples >= 0) total = std::min(total, flags.options.max_samples);
+  } else if (const size_t colon = spec.find(':'); colon != std::string::npos) {
+    std::error_code error;
+    const auto bytes = std::filesystem::file_size(spec.substr(colon + 1), error);
+    if (!error) {
+      total = static_cast<int64_t>(bytes / 1000000);
+      by_bytes = true;
+    }
+  }
+  if (by_bytes && total < 1) return source;  // small files need no bar
+  auto progress = std::make_unique<Progress>(label, total, true, by_bytes ? "MB" : "samples");
+  return std::make_unique<ProgressSource>(std::move(source), std::move(progress), by_bytes);
 }
 
 }  // namespace bagpipe

@@ -25,7 +25,8 @@ Subcommand AddDataStatsCommand(CLI::App& root) {
   app->add_flag("--json", flags->json, "print one JSON object instead of the table");
   app->footer(kDataHelp);
   return {app, [flags]() -> absl::Status {
-            ASSIGN_OR_RETURN(auto source, OpenFromFlags(flags->data));
+            ASSIGN_OR_RETURN(auto opened, OpenFromFlags(flags->data));
+            auto source = WithProgress(std::move(opened), flags->data, "reading");
             ASSIGN_OR_RETURN(const DataStats stats, ComputeDataStats(*source, flags->batch_size));
             if (flags->json) {
               std::printf("%s\n", stats.ToJson().dump(2).c_str());

@@ -79,7 +79,8 @@ Subcommand AddSimCommand(CLI::App& root) {
         for (absl::string_view p : absl::StrSplit(flags->policies, ',', absl::SkipWhitespace())) {
           options.policies.emplace_back(p);
         }
-        ASSIGN_OR_RETURN(auto source, OpenFromFlags(flags->data));
+        ASSIGN_OR_RETURN(auto opened, OpenFromFlags(flags->data));
+        auto source = WithProgress(std::move(opened), flags->data, "simulating");
         BatchStream stream(std::move(source), {flags->batch_size, 1, false});
         ASSIGN_OR_RETURN(const SimResult result, Simulate(stream, options));
         if (flags->json) {

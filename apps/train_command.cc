@@ -54,7 +54,6 @@ struct TrainFlags {
   int prefetch_depth = 4;
   int plan_queue_depth = 8;
   int writeback_horizon = 0;
-  bool quiet = false;
   double peer_timeout_s = 120;
 };
 
@@ -132,6 +131,8 @@ absl::Status RunTrain(TrainFlags flags) {
       (absl::StartsWith(flags.data.data, "criteo:") && flags.data.options.row_budget == 0);
   Schema schema = source->schema();
   if (dictionary_text) {
+    // Dictionary-encoded text: one pass to learn the exact table sizes.
+    if (is_rank0) source = WithProgress(std::move(source), flags.data, "scanning for table sizes");
     ASSIGN_OR_RETURN(schema, ScanSchema(*source));
   }
   if (schema.num_tables() == 0) {
@@ -179,7 +180,7 @@ absl::Status RunTrain(TrainFlags flags) {
   }
   loop.metrics_interval = flags.metrics_interval;
   loop.total_iterations = flags.iterations;
-  loop.progress = !flags.quiet;
+  loop.progress = !flags.data.quiet;
   std::unique_ptr<JsonLinesWriter> metrics;
   if (!flags.metrics_out.empty() && is_trainer0) {
     ASSIGN_OR_RETURN(metrics, JsonLinesWriter::Open(flags.metrics_out));
@@ -458,7 +459,6 @@ Subcommand AddTrainCommand(CLI::App& root) {
   app->add_option("--peer-timeout", flags->peer_timeout_s,
                   "seconds without a message before a peer counts as dead")
       ->capture_default_str();
-  app->add_flag("--quiet,-q", flags->quiet, "no progress bar");
   app->footer(std::string(kTrainFooter) + "\n" + kDataHelp);
   return {app, [flags]() { return RunTrain(*flags); }};
 }

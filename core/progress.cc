@@ -20,8 +20,12 @@ std::string FormatDuration(double seconds) {
 
 }  // namespace
 
-Progress::Progress(std::string label, int64_t total, bool enabled)
-    : label_(std::move(label)), total_(total), enabled_(enabled), tty_(isatty(STDERR_FILENO)) {}
+Progress::Progress(std::string label, int64_t total, bool enabled, std::string unit)
+    : label_(std::move(label)),
+      unit_(std::move(unit)),
+      total_(total),
+      enabled_(enabled),
+      tty_(isatty(STDERR_FILENO)) {}
 
 Progress::~Progress() {
   if (!finished_ && tty_ && enabled_ && last_draw_ > -1e9) std::fputc('\n', stderr);
@@ -59,7 +63,7 @@ void Progress::Draw(bool final_line) {
   } else {
     line += absl::StrFormat(" %d", done_);
   }
-  line += absl::StrFormat(" %.1f it/s", rate);
+  line += absl::StrFormat(" %.1f %s/s", rate, unit_);
   if (total_ > 0 && !final_line && rate > 0) {
     line += " eta " + FormatDuration((total_ - done_) / rate);
   }

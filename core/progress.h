@@ -15,7 +15,8 @@ namespace bagpipe {
 class Progress {
  public:
   // `total` <= 0 means unknown (no bar, no ETA). `enabled` false silences it (e.g. --quiet).
-  Progress(std::string label, int64_t total, bool enabled = true);
+  // `unit` names what is counted in the rate ("it/s", "MB/s", "samples/s").
+  Progress(std::string label, int64_t total, bool enabled = true, std::string unit = "it");
   ~Progress();
 
   // Sets the completed count and an optional status text shown after the bar.
@@ -27,6 +28,7 @@ class Progress {
   void Draw(bool final_line);
 
   std::string label_;
+  std::string unit_;
   int64_t total_;
   bool enabled_;
   bool tty_;
