@@ -26,15 +26,13 @@ using oracle_internal::WindowBatch;
 namespace {
 
 constexpr std::pair<std::string_view, CachePolicy> kPolicyNames[] = {
-    {"oracle", CachePolicy::kOracle}, {"lru", CachePolicy::kLru},
-    {"lfu", CachePolicy::kLfu},       {"off", CachePolicy::kOff},
-    {"device", CachePolicy::kDevice},
+    {"oracle", CachePolicy::kOracle}, {"lru", CachePolicy::kLru},       {"lfu", CachePolicy::kLfu},
+    {"off", CachePolicy::kOff},       {"device", CachePolicy::kDevice},
 };
 
 constexpr std::string_view kCounterNames[kNumPlannerCounters] = {
-    "iterations", "ids",     "unique_rows",    "hits",         "misses",
-    "evictions",  "write_backs", "flushes",    "shared_rows",  "exchanged_rows",
-    "private_rows", "drain_write_backs",
+    "iterations",  "ids",     "unique_rows", "hits",           "misses",       "evictions",
+    "write_backs", "flushes", "shared_rows", "exchanged_rows", "private_rows", "drain_write_backs",
 };
 
 constexpr std::string_view kPhaseNames[kNumPlannerPhases] = {
@@ -107,7 +105,8 @@ nlohmann::json PlannerStats::ToJson() const {
   json["mean_iteration_ms"] = mean_iteration_ms();
   json["max_iteration_ms"] = max_iteration_ms;
   nlohmann::json phases = nlohmann::json::object();
-  for (int k = 0; k < kNumPlannerPhases; ++k) phases[std::string(kPhaseNames[k])] = phase_seconds[k];
+  for (int k = 0; k < kNumPlannerPhases; ++k)
+    phases[std::string(kPhaseNames[k])] = phase_seconds[k];
   json["phase_seconds"] = std::move(phases);
   json["tracked_rows"] = tracked_rows;
   json["global_rows"] = global_rows;
@@ -135,10 +134,9 @@ absl::Status Planner::Impl::Init() {
   }
   if (o.schema.num_tables() < 1 ||
       o.schema.table_rows.size() != static_cast<size_t>(o.schema.num_tables())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the schema needs at least one table and one row count per table (",
-                     o.schema.num_tables(), " tables, ", o.schema.table_rows.size(),
-                     " row counts)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the schema needs at least one table and one row count per table (", o.schema.num_tables(),
+        " tables, ", o.schema.table_rows.size(), " row counts)"));
   }
   if (o.schema.num_tables() > std::numeric_limits<int16_t>::max()) {
     return absl::InvalidArgumentError(absl::StrCat("at most ", std::numeric_limits<int16_t>::max(),
@@ -146,8 +144,8 @@ absl::Status Planner::Impl::Init() {
   }
   for (int t = 0; t < o.schema.num_tables(); ++t) {
     if (o.schema.table_rows[t] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("table ", o.schema.table_names[t],
-                                                     " has a negative row count"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("table ", o.schema.table_names[t], " has a negative row count"));
     }
   }
   constexpr int64_t kMaxSlots = std::numeric_limits<SlotId>::max();
@@ -160,8 +158,8 @@ absl::Status Planner::Impl::Init() {
     capacity_ = o.schema.TotalRows();
   } else {
     if (o.capacity < 1 || o.capacity > kMaxSlots) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cache capacity must be in [1, ", kMaxSlots, "] rows, got ", o.capacity));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cache capacity must be in [1, ", kMaxSlots, "] rows, got ", o.capacity));
     }
     capacity_ = o.capacity;
   }
@@ -184,6 +182,22 @@ absl::Status Planner::Impl::Init() {
     // A cache never holds more rows than the tables have: larger capacities need no more slots.
     const size_t cap = static_cast<size_t>(
         std::min<int64_t>(capacity_, std::max<int64_t>(1, o.schema.TotalRows())));
+    // Hashed row tables start with room for their share of twice the capacity (the resident
+    // rows plus about as many rows of the window), split in proportion to how many rows each
+    // could hold (planner.h): growing a large table mid-stream rehashes it into fresh memory, a
+    // stall of tens of milliseconds on one iteration.
+    std::vector<int64_t> reserve(static_cast<size_t>(tables_), 0);
+    double weights = 0;
+    for (int t = 0; t < tables_; ++t) {
+      if (o.schema.table_rows[t] <= o.dense_index_max_rows) continue;
+      reserve[t] = std::min<int64_t>(o.schema.table_rows[t], capacity_);
+      weights += static_cast<double>(reserve[t]);
+    }
+    for (int64_t& r : reserve) {
+      r = std::min<int64_t>(
+          r, static_cast<int64_t>(2.0 * static_cast<double>(capacity_) * static_cast<double>(r) /
+                                  std::max(weights, 1.0)));
+    }
     for (TrainerCache& c : caches_) {
       c.slots.resize(cap);
       c.free_slots.resize(cap);
@@ -192,6 +206,7 @@ absl::Status Planner::Impl::Init() {
       for (int t = 0; t < tables_; ++t) {
         TableTrack& track = c.tables[t];
         track.rows.Init(o.schema.table_rows[t], o.dense_index_max_rows);
+        track.rows.Reserve(static_cast<size_t>(reserve[t]));
         track.buckets.resize(static_cast<size_t>(lookahead_ + 1));
       }
     }
@@ -278,14 +293,13 @@ PlannerStats Planner::Impl::stats() const {
 
 absl::Status Planner::Impl::Enter(Batch batch) {
   const Iteration k = pushed_;
-  const std::string where =
-      absl::StrCat("batch ", k, " (first sample ", batch.first_sample, ")");
+  const std::string where = absl::StrCat("batch ", k, " (first sample ", batch.first_sample, ")");
   if (k >= std::numeric_limits<int32_t>::max() - lookahead_ - emit_lag_ - 2) {
     return absl::OutOfRangeError(absl::StrCat(where, ": the planner counts iterations in 31 bits"));
   }
   if (batch.num_tables != tables_) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " has ", batch.num_tables,
-                                                   " tables; the schema has ", tables_));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " has ", batch.num_tables, " tables; the schema has ", tables_));
   }
   if (batch.num_dense != options_.schema.num_dense()) {
     return absl::InvalidArgumentError(absl::StrCat(where, " has ", batch.num_dense,
@@ -295,16 +309,15 @@ absl::Status Planner::Impl::Enter(Batch batch) {
   const int64_t n = batch.num_samples;
   if (n < 0 || batch.offsets.size() != static_cast<size_t>(tables_ * n + 1) ||
       batch.offsets[0] != 0 || batch.ids.size() != static_cast<size_t>(batch.offsets.back())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": malformed sparse layout (", n, " samples, ", batch.offsets.size(),
-                     " offsets, ", batch.ids.size(), " ids)"));
+    return absl::InvalidArgumentError(absl::StrCat(where, ": malformed sparse layout (", n,
+                                                   " samples, ", batch.offsets.size(), " offsets, ",
+                                                   batch.ids.size(), " ids)"));
   }
-  if (options_.build_batch &&
-      (batch.labels.size() != static_cast<size_t>(n) ||
-       batch.dense.size() != static_cast<size_t>(n * batch.num_dense))) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", batch.labels.size(),
-                                                   " labels and ", batch.dense.size(),
-                                                   " dense values for ", n, " samples"));
+  if (options_.build_batch && (batch.labels.size() != static_cast<size_t>(n) ||
+                               batch.dense.size() != static_cast<size_t>(n * batch.num_dense))) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", batch.labels.size(), " labels and ",
+                                                   batch.dense.size(), " dense values for ", n,
+                                                   " samples"));
   }
   Stopwatch watch;
   WindowBatch& wb = window(k);
@@ -331,9 +344,8 @@ absl::Status Planner::Impl::Enter(Batch batch) {
       const int64_t begin = batch.offsets[tb * n + range.begin];
       const int64_t end = batch.offsets[tb * n + range.end];
       if (begin < 0 || end < begin || end > batch.num_ids()) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": offsets of table ",
-                                                       options_.schema.table_names[tb],
-                                                       " are out of order"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": offsets of table ", options_.schema.table_names[tb], " are out of order"));
       }
       seg.first_id = first_id;
       seg.id_count = end - begin;
@@ -397,9 +409,9 @@ absl::Status Planner::Impl::Validate(int trainer, int table, const Batch& batch,
   const int64_t* offsets = batch.offsets.data() + table * static_cast<int64_t>(batch.num_samples);
   for (int32_t s = range.begin; s < range.end; ++s) {
     if (offsets[s + 1] < offsets[s]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "batch ", iteration, ": offsets decrease at sample ", batch.first_sample + s,
-          ", table ", options_.schema.table_names[table]));
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch ", iteration, ": offsets decrease at sample ", batch.first_sample + s,
+                       ", table ", options_.schema.table_names[table]));
     }
   }
   const uint64_t rows = static_cast<uint64_t>(options_.schema.table_rows[table]);
@@ -480,7 +492,11 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
       pending[(pending_head + pending_count++) % kDelay] = {at, distance};
     }
   };
-  constexpr int64_t kAhead = 16;
+  int32_t* const arena = track.next.data();
+  const size_t stride = track.next_stride;
+  const int64_t window_size = static_cast<int64_t>(window_.size());
+  const int64_t k_slot = k % window_size;
+  constexpr int64_t kAhead = 32;
   for (int64_t j = begin; j < end; ++j) {
     if (j + kAhead < end) rows.Prefetch(ids[j + kAhead]);
     const int64_t id = ids[j];
@@ -494,7 +510,10 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
       pos = static_cast<int32_t>(seg.rows.size());
       seg.rows.push_back(base + static_cast<RowId>(id));
       if (row.last_occ >= next_plan_) {
-        link(NextUses(track, row.last_occ) + row.last_pos, k32 - row.last_occ);
+        // The window slot of last_occ, without a division: k - last_occ < window_.size().
+        int64_t w = k_slot - (k32 - row.last_occ);
+        if (w < 0) w += window_size;
+        link(arena + static_cast<size_t>(w) * stride + row.last_pos, k32 - row.last_occ);
       } else if (revive && row.slot != kNoSlot) {
         Revive(cache, track, row, k);
       }

@@ -35,8 +35,8 @@
 //    holder u flushes r (Extraction{evict=false, write_back=true}) at boundary
 //    g = max(last_touch(r) + 1, i - emit_lag), moved to last_touch(r) + 2 when r was a shared
 //    row at last_touch(r) and those plans are already released (their exchange may then still
-//    be in flight at last_touch(r) + 1). No trainer touches r in [g, i), so the flushed value is the
-//    value v must read. This is why plans are released emit_lag iterations after they are
+//    be in flight at last_touch(r) + 1). No trainer touches r in [g, i), so the flushed value is
+//    the value v must read. This is why plans are released emit_lag iterations after they are
 //    planned.
 //  - Shared rows of i: rows touched at i by some trainer and held (after the fills of i) by at
 //    least two. Every holder applies the sum of the touchers' gradients (plan.h). `now` is set
@@ -60,7 +60,10 @@
 // is resident or occurs in the window, a global record for every held row and every row written
 // back in the last H iterations, and the window's batches (kept in plan form, ids dropped).
 // Tables with at most `dense_index_max_rows` rows index their rows with a direct array (4 bytes a
-// row per trainer) instead of a hash map.
+// row per trainer) instead of a hash map. The hash maps of a trainer start with room for twice
+// the capacity in all (64 bytes a row), shared among the hashed tables in proportion to
+// min(table rows, capacity), so that a steady stream rarely grows one: a grown map is rehashed
+// into fresh memory, a stall of tens of milliseconds on one iteration.
 //
 // Thread-safety: a Planner is used by one thread at a time (it parallelises internally with TBB
 // across trainers and tables). After any call returns an error, the planner must be destroyed.
@@ -158,9 +161,7 @@ struct PlannerStats {
   int64_t global_rows = 0;
   int64_t resident_rows = 0;
 
-  int64_t operator[](PlannerCounter counter) const {
-    return counters[static_cast<int>(counter)];
-  }
+  int64_t operator[](PlannerCounter counter) const { return counters[static_cast<int>(counter)]; }
   // (entry_seconds + plan_seconds) / iterations, in milliseconds.
   double mean_iteration_ms() const;
   nlohmann::json ToJson() const;

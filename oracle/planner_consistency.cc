@@ -26,6 +26,8 @@ namespace {
 
 uint64_t Bit(int trainer) { return uint64_t{1} << trainer; }
 
+constexpr size_t kAhead = 16;  // records prefetched ahead in the hot loops
+
 }  // namespace
 
 void Planner::Impl::MarkNow(Iteration i, int table, int32_t flag) {
@@ -58,8 +60,10 @@ void Planner::Impl::Consistency(int table, Iteration i) {
 
   // a. Evictions. The lowest-id trainer evicting a row at this boundary decides for all.
   for (int t = 0; t < trainers_; ++t) {
-    for (const oracle_internal::Victim& v : wb.trainers[t].tables[table].victims) {
-      gt.rows[v.global].evicting |= Bit(t);
+    const std::vector<oracle_internal::Victim>& victims = wb.trainers[t].tables[table].victims;
+    for (size_t v = 0; v < victims.size(); ++v) {
+      if (v + kAhead < victims.size()) __builtin_prefetch(&gt.rows[victims[v + kAhead].global], 1);
+      gt.rows[victims[v].global].evicting |= Bit(t);
     }
   }
   for (int t = 0; t < trainers_; ++t) {
@@ -87,6 +91,11 @@ void Planner::Impl::Consistency(int table, Iteration i) {
     Segment& seg = slice.tables[table];
     TableTrack& track = caches_[t].tables[table];
     for (size_t j = 0; j < seg.misses.size(); ++j) {
+      if (j + kAhead < seg.misses.size()) {
+        const int64_t ahead = static_cast<int64_t>(seg.rows[seg.misses[j + kAhead]] - base);
+        gt.index.Prefetch(ahead);
+        track.rows.Prefetch(ahead);
+      }
       const int32_t p = seg.misses[j];
       const RowId row = seg.rows[p];
       const int64_t id = static_cast<int64_t>(row - base);
@@ -98,6 +107,7 @@ void Planner::Impl::Consistency(int table, Iteration i) {
       const uint32_t handle = handle_ref;
       GlobalRow& g = gt.rows[handle];
       track.rows.Find(id)->global = handle;
+      seg.globals[static_cast<size_t>(p)] = handle;
       if (g.holders != 0 && g.dirty) {
         const int owner = std::countr_zero(g.holders);
         Iteration at = std::max(g.last_touch + 1, i - emit_lag_);
@@ -108,8 +118,9 @@ void Planner::Impl::Consistency(int table, Iteration i) {
           ++at;
         }
         const SlotId owner_slot = caches_[owner].tables[table].rows.Find(id)->slot;
-        sync.flushes.push_back({owner, at, Extraction{owner_slot, row, /*evict=*/false,
-                                                      /*write_back=*/true}});
+        sync.flushes.push_back({owner, at,
+                                Extraction{owner_slot, row, /*evict=*/false,
+                                           /*write_back=*/true}});
         g.write_back = at;
         g.dirty = false;
         if (g.shared_iter == at - 1) MarkNow(at - 1, table, g.shared_index);
@@ -124,22 +135,26 @@ void Planner::Impl::Consistency(int table, Iteration i) {
   for (int t = 0; t < trainers_; ++t) {
     TrainerSlice& slice = wb.trainers[t];
     const Segment& seg = slice.tables[table];
-    TableTrack& track = caches_[t].tables[table];
     std::vector<int32_t>& private_rows = sync.private_rows[t];
     size_t next_miss = 0;
     const int32_t n = static_cast<int32_t>(seg.rows.size());
+    const uint32_t* globals = seg.globals.data();
     for (int32_t p = 0; p < n; ++p) {
+      if (p + static_cast<int32_t>(kAhead) < n)
+        __builtin_prefetch(&gt.rows[globals[p + kAhead]], 1);
       const bool miss = next_miss < seg.misses.size() && seg.misses[next_miss] == p;
       if (miss) ++next_miss;
-      const uint32_t handle =
-          track.rows.Find(static_cast<int64_t>(seg.rows[p] - base))->global;
+      const uint32_t handle = globals[p];
       GlobalRow& g = gt.rows[handle];
       if (!miss && g.shared_iter == i - 1) MarkNow(i - 1, table, g.shared_index);
       if (g.touch_iter != i) {
         g.touch_iter = i;
         g.touchers = 0;
+        g.touch_index = static_cast<int32_t>(sync.touched.size());
         sync.touched.push_back(handle);
+        sync.touch_pos.resize(sync.touch_pos.size() + static_cast<size_t>(trainers_), -1);
       }
+      sync.touch_pos[static_cast<size_t>(g.touch_index) * trainers_ + t] = p;
       g.touchers |= Bit(t);
       g.last_touch = i;
       g.dirty = true;
@@ -148,26 +163,44 @@ void Planner::Impl::Consistency(int table, Iteration i) {
   }
 
   // d. Shared rows: touched and held by at least two trainers, in RowId order.
+  sync.shared_sorted.clear();
   for (uint32_t handle : sync.touched) {
-    if (std::popcount(gt.rows[handle].holders) >= 2) sync.shared_rows.push_back(handle);
+    const GlobalRow& g = gt.rows[handle];
+    if (std::popcount(g.holders) >= 2) sync.shared_sorted.emplace_back(g.id, handle);
   }
-  std::sort(sync.shared_rows.begin(), sync.shared_rows.end(),
-            [&](uint32_t a, uint32_t b) { return gt.rows[a].id < gt.rows[b].id; });
+  // Row ids are distinct: sorting the pairs orders the handles by id.
+  std::sort(sync.shared_sorted.begin(), sync.shared_sorted.end());
+  for (const auto& [id, handle] : sync.shared_sorted) sync.shared_rows.push_back(handle);
   sync.shared_count = static_cast<int64_t>(sync.shared_rows.size());
   wb.now[static_cast<size_t>(table)].assign(sync.shared_rows.size(), 0);
   for (size_t q = 0; q < sync.shared_rows.size(); ++q) {
+    if (q + kAhead < sync.shared_rows.size()) {
+      const GlobalRow& ahead = gt.rows[sync.shared_rows[q + kAhead]];
+      for (uint64_t holders = ahead.holders & ~ahead.touchers; holders != 0;
+           holders &= holders - 1) {
+        caches_[std::countr_zero(holders)].tables[table].rows.Prefetch(ahead.id);
+      }
+    }
     GlobalRow& g = gt.rows[sync.shared_rows[q]];
     g.shared_iter = i;
     g.shared_index = static_cast<int32_t>(q);
     const RowId row = base + static_cast<RowId>(g.id);
     for (uint64_t holders = g.holders; holders != 0; holders &= holders - 1) {
       const int h = std::countr_zero(holders);
-      TableTrack& track = caches_[h].tables[table];
-      const TrainerRow& record = *track.rows.Find(g.id);
-      const int32_t own = (g.touchers & Bit(h)) != 0 ? record.cur_pos : -1;
+      // A toucher's slot and position are in its Segment; other holders' in their records.
+      SlotId slot;
+      int32_t own = -1;
+      if ((g.touchers & Bit(h)) != 0) {
+        const Segment& seg = wb.trainers[h].tables[table];
+        const int32_t p = sync.touch_pos[static_cast<size_t>(g.touch_index) * trainers_ + h];
+        slot = seg.slots[static_cast<size_t>(p)];
+        own = seg.first_unique + p;
+      } else {
+        slot = caches_[h].tables[table].rows.Find(g.id)->slot;
+      }
       std::vector<SharedOut>& out = sync.shared[h];
       const int32_t local = static_cast<int32_t>(out.size());
-      out.push_back({SharedRow{record.slot, row, own, false}, static_cast<int32_t>(q)});
+      out.push_back({SharedRow{slot, row, own, false}, static_cast<int32_t>(q)});
       if (own >= 0) {
         for (uint64_t peers = g.holders & ~Bit(h); peers != 0; peers &= peers - 1) {
           sync.send[h].emplace_back(std::countr_zero(peers), local);
@@ -201,8 +234,7 @@ void Planner::Impl::Assemble(int trainer, Iteration i) {
   for (int tb = 0; tb < tables_; ++tb) {
     const TableSync& sync = sync_[tb];
     const std::vector<int32_t>& private_rows = sync.private_rows[trainer];
-    plan.private_unique.insert(plan.private_unique.end(), private_rows.begin(),
-                               private_rows.end());
+    plan.private_unique.insert(plan.private_unique.end(), private_rows.begin(), private_rows.end());
     const int32_t offset = static_cast<int32_t>(plan.shared.size());
     for (const SharedOut& out : sync.shared[trainer]) {
       plan.shared.push_back(out.row);

@@ -69,11 +69,13 @@ struct Segment {
   int64_t id_count = 0;      // ids of the table in the shard
   int32_t first_unique = 0;  // index of rows[0] in the plan's unique_rows
   // Planning scratch, valid while the iteration is planned.
-  std::vector<SlotId> slots;     // resident slot of each row at Classify (kNoSlot: miss)
-  std::vector<int32_t> uses;     // kLfu: each row's use count including this use
-  std::vector<int32_t> misses;   // positions of rows that are not resident
-  std::vector<Victim> victims;   // rows of this table the trainer evicts
-  int32_t first_fill = 0;        // index of misses[0] in the plan's fills
+  std::vector<SlotId> slots;  // resident slot of each row at Classify (kNoSlot: miss)
+  // Several trainers: each row's GlobalRow (set by Classify for hits, Consistency for fills).
+  std::vector<uint32_t> globals;
+  std::vector<int32_t> uses;    // kLfu: each row's use count including this use
+  std::vector<int32_t> misses;  // positions of rows that are not resident
+  std::vector<Victim> victims;  // rows of this table the trainer evicts
+  int32_t first_fill = 0;       // index of misses[0] in the plan's fills
 };
 
 struct TrainerSlice {
@@ -104,8 +106,8 @@ struct TrainerRow {
     int32_t write_back = -1;
     uint32_t global;
   };
-  int32_t cur_pos = 0;  // several trainers: its unique_rows index at its latest planned use
-  int32_t uses = 0;     // kLfu: planned uses since the start
+  int32_t reserved = 0;  // unused: keeps the record at 24 bytes (32-byte RowTable entries)
+  int32_t uses = 0;      // kLfu: planned uses since the start
 
   static TrainerRow Absent() { return TrainerRow{}; }
   bool present() const { return last_occ != kAbsent; }
@@ -148,6 +150,7 @@ struct GlobalRow {
   // Latest iteration it was a shared row (never equal to i - 1 or g - 1 for a real iteration).
   Iteration shared_iter = std::numeric_limits<Iteration>::min();
   int32_t shared_index = 0;  // its index in WindowBatch::now[table] of shared_iter
+  int32_t touch_index = 0;   // its index in TableSync::touched of touch_iter
   bool dirty = false;
 };
 
@@ -175,8 +178,12 @@ struct TableSync {
   std::vector<std::vector<SharedOut>> shared;              // per trainer, RowId order
   std::vector<std::vector<std::pair<int, int32_t>>> send;  // per trainer: (peer, local index)
   std::vector<std::vector<std::pair<int, int32_t>>> recv;
-  std::vector<uint32_t> touched;      // GlobalRow handles touched at the iteration
+  std::vector<uint32_t> touched;  // GlobalRow handles touched at the iteration
+  // Per touched row, per trainer: the row's position in the trainer's Segment, or -1.
+  std::vector<int32_t> touch_pos;
   std::vector<uint32_t> shared_rows;  // GlobalRow handles of the shared rows
+  // Scratch: (row id, handle) of the shared rows, to sort them by id.
+  std::vector<std::pair<int64_t, uint32_t>> shared_sorted;
   // kDevice scratch.
   BatchDedup dedup;
   std::vector<int64_t> ids;
@@ -198,6 +205,7 @@ struct TableSync {
     for (auto& v : send) v.clear();
     for (auto& v : recv) v.clear();
     touched.clear();
+    touch_pos.clear();
     shared_rows.clear();
     write_backs = 0;
     shared_count = 0;

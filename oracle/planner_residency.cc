@@ -27,7 +27,7 @@ namespace {
 // Eviction order of the queue heads: fewer uses (kLfu; 0 otherwise), then least recent use.
 using QueueKey = std::pair<int64_t, Iteration>;
 
-constexpr int32_t kAhead = 8;  // records prefetched ahead in the hot loops
+constexpr int32_t kAhead = 16;  // records prefetched ahead in the hot loops
 
 }  // namespace
 
@@ -64,12 +64,15 @@ void Planner::Impl::Classify(int trainer, int table, Iteration i) {
   const bool off = options_.policy == CachePolicy::kOff;
   const bool several = trainers_ > 1;
   if (lfu) seg.uses.resize(static_cast<size_t>(n));
+  if (several) seg.globals.resize(static_cast<size_t>(n));
   const RowId base = table_offsets_[table];
   const RowId* rows = seg.rows.data();
   for (int32_t p = 0; p < n; ++p) {
     if (p + kAhead < n) track.rows.Prefetch(static_cast<int64_t>(rows[p + kAhead] - base));
     TrainerRow& row = *track.rows.Find(static_cast<int64_t>(rows[p] - base));
-    if (several) row.cur_pos = seg.first_unique + p;
+    // Valid for resident rows (a holder's GlobalRow is never freed); Consistency sets the
+    // handles of the misses.
+    if (several) seg.globals[p] = row.global;
     if (off) continue;
     seg.slots[p] = row.slot;
     if (row.slot == kNoSlot) seg.misses.push_back(p);
@@ -114,7 +117,8 @@ bool Planner::Impl::SelectVictims(int trainer, Iteration i) {
       if (lfu) {
         while (!track.lfu.empty()) {
           auto it = track.lfu.begin();
-          if (const QueueEntry* e = it->second.Front(slots)) return QueueKey{it->first, e->last_use};
+          if (const QueueEntry* e = it->second.Front(slots))
+            return QueueKey{it->first, e->last_use};
           track.lfu.erase(it);
         }
         return std::nullopt;
@@ -256,11 +260,15 @@ void Planner::Impl::Apply(int trainer, int table, Iteration i) {
   std::copy(seg.slots.begin(), seg.slots.end(), plan.unique_slots.begin() + seg.first_unique);
   if (!queued_policy()) return;
   const Iteration ring = static_cast<Iteration>(track.buckets.size());
+  const Iteration i_slot = i % ring;
   const int32_t* next = NextUses(track, i);
   for (int32_t p = 0; p < n; ++p) {
     const SlotId slot = seg.slots[p];
     if (next[p] > 0) {
-      track.buckets[static_cast<size_t>((i + next[p]) % ring)].push_back(slot);
+      // (i + next[p]) % ring without a division: next[p] < lookahead_ < ring.
+      Iteration b = i_slot + next[p];
+      if (b >= ring) b -= ring;
+      track.buckets[static_cast<size_t>(b)].push_back(slot);
       continue;
     }
     if (p + kAhead < n) __builtin_prefetch(slots + seg.slots[p + kAhead], 1);
