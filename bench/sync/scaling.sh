@@ -43,6 +43,13 @@ mkdir -p "$out_dir"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 
+# Generating synthetic samples on rank 0 costs more CPU than reading them; convert once to the
+# binary format, as a pre-processed dataset would be (modes.sh does the same).
+if [[ "$data" == synthetic* ]]; then
+  echo "\$ $bagpipe convert -q --data $data --out $out_dir/data.bin"
+  "$bagpipe" convert -q --data "$data" --out "$out_dir/data.bin" >/dev/null
+  data="bin:$out_dir/data.bin"
+fi
 echo "machine: $(hostname), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "commit: $(git -C "$repo_root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 common=(train --data "$data" --batch-size "$batch_size" --iterations "$iterations"
