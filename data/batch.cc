@@ -76,9 +76,9 @@ void Batch::Append(const Batch& other) {
 
 absl::Status Batch::Validate(const Schema& schema) const {
   if (num_dense != schema.num_dense() || num_tables != schema.num_tables()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch has ", num_dense, " dense columns and ", num_tables, " tables; the schema has ",
-        schema.num_dense(), " and ", schema.num_tables()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch has ", num_dense, " dense columns and ", num_tables,
+                     " tables; the schema has ", schema.num_dense(), " and ", schema.num_tables()));
   }
   if (labels.size() != static_cast<size_t>(num_samples) ||
       dense.size() != static_cast<size_t>(num_samples) * num_dense ||
@@ -97,9 +97,9 @@ absl::Status Batch::Validate(const Schema& schema) const {
       }
       for (int64_t k = bag_begin(t, s); k < bag_end(t, s); ++k) {
         if (ids[k] < 0 || ids[k] >= rows) {
-          return absl::OutOfRangeError(absl::StrCat(
-              "sample ", first_sample + s, ", table ", schema.table_names[t], ": id ", ids[k],
-              " is out of range [0, ", rows, ")"));
+          return absl::OutOfRangeError(absl::StrCat("sample ", first_sample + s, ", table ",
+                                                    schema.table_names[t], ": id ", ids[k],
+                                                    " is out of range [0, ", rows, ")"));
         }
       }
     }

@@ -31,9 +31,7 @@ struct Batch {
   void Reset(int32_t dense_columns, int32_t tables);
   int64_t num_ids() const { return offsets.empty() ? 0 : offsets.back(); }
   int64_t bag_begin(int table, int sample) const { return offsets[table * num_samples + sample]; }
-  int64_t bag_end(int table, int sample) const {
-    return offsets[table * num_samples + sample + 1];
-  }
+  int64_t bag_end(int table, int sample) const { return offsets[table * num_samples + sample + 1]; }
   // Ids of table t for all samples: ids[table_begin(t) .. table_begin(t + 1)).
   int64_t table_begin(int table) const { return offsets[table * num_samples]; }
 

@@ -49,9 +49,8 @@ nlohmann::json DataStats::ToJson() const {
 }
 
 std::string DataStats::Table() const {
-  std::string out = absl::StrFormat(
-      "%s: %d samples, %d batches of %d, label mean %.4f\n", source, samples, batches,
-      batch_size, label_mean);
+  std::string out = absl::StrFormat("%s: %d samples, %d batches of %d, label mean %.4f\n", source,
+                                    samples, batches, batch_size, label_mean);
   out += absl::StrFormat("%-12s %12s %12s %12s %7s %7s %12s %12s\n", "table", "rows", "unique",
                          "accesses", "top1%", "top10%", "batch_mean", "batch_max");
   for (const TableStats& t : tables) {
@@ -61,8 +60,9 @@ std::string DataStats::Table() const {
   }
   out += absl::StrFormat("%-12s %12s %12d %12s %7s %7s %12.1f %12d\n", "all tables", "",
                          total_unique, "", "", "", working_set_mean, working_set_max);
-  out += "batch_mean/batch_max: distinct rows one batch needs (the working set a cache must "
-         "hold at once)\n";
+  out +=
+      "batch_mean/batch_max: distinct rows one batch needs (the working set a cache must "
+      "hold at once)\n";
   if (source_stats.skipped_lines > 0) {
     out += absl::StrFormat("skipped %d bad lines\n", source_stats.skipped_lines);
   }

@@ -147,8 +147,7 @@ absl::StatusOr<bool> BatchStream::Next(Batch* batch) {
     ASSIGN_OR_RETURN(const int64_t first, source_->Read(want, &pending_));
     if (first == 0) {
       done_ = true;
-      return absl::FailedPreconditionError(
-          absl::StrCat(source_->Describe(), " yields no samples"));
+      return absl::FailedPreconditionError(absl::StrCat(source_->Describe(), " yields no samples"));
     }
     batch->Append(pending_);
   }

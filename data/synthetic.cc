@@ -214,7 +214,8 @@ class SyntheticSource final : public SampleSource {
       const int64_t end = batch->offsets[static_cast<size_t>(t) * count + s + 1];
       double effect = 0;
       for (int64_t k = begin; k < end; ++k) {
-        CounterRng rng(HashKey(config_.seed, kIdStream, sample, (uint64_t{1} << 32) * t + (k - begin)));
+        CounterRng rng(
+            HashKey(config_.seed, kIdStream, sample, (uint64_t{1} << 32) * t + (k - begin)));
         int64_t rank = samplers_[t].Sample(rng);
         if (config_.drift > 0) rank = (rank + sample / config_.drift) % rows;
         const int64_t id = permutations_[t](rank);
@@ -275,9 +276,10 @@ absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
   for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
     const std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
     if (kv.size() != 2 || kv[0].empty() || kv[1].empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "synthetic: '", std::string(item), "' is not key=value (keys: samples, tables, rows, "
-          "scale, alpha, pooling, dense, drift, seed)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("synthetic: '", std::string(item),
+                       "' is not key=value (keys: samples, tables, rows, "
+                       "scale, alpha, pooling, dense, drift, seed)"));
     }
     const std::string& key = kv[0];
     const std::string& value = kv[1];
@@ -287,9 +289,9 @@ absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
     } else if (key == "tables") {
       ASSIGN_OR_RETURN(const int64_t k, ParseInt(key, value));
       if (k < 1 || k > static_cast<int64_t>(CriteoKaggleTableRows().size())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "synthetic: tables=", value, " must be in [1, ", CriteoKaggleTableRows().size(),
-            "] (use rows=a/b/c for other shapes)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("synthetic: tables=", value, " must be in [1, ",
+                         CriteoKaggleTableRows().size(), "] (use rows=a/b/c for other shapes)"));
       }
       tables = static_cast<int>(k);
     } else if (key == "rows") {
@@ -322,14 +324,15 @@ absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
         ASSIGN_OR_RETURN(last, ParseInt(key, range[1]));
       }
       if (first < 0 || last < first || last > 1024) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "synthetic: pooling=", value, " needs 0 <= MIN <= MAX <= 1024"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("synthetic: pooling=", value, " needs 0 <= MIN <= MAX <= 1024"));
       }
       config.pooling_min = static_cast<int>(first);
       config.pooling_max = static_cast<int>(last);
     } else if (key == "dense") {
       ASSIGN_OR_RETURN(const int64_t d, ParseInt(key, value));
-      if (d < 0 || d > 4096) return absl::InvalidArgumentError("synthetic: dense must be in [0, 4096]");
+      if (d < 0 || d > 4096)
+        return absl::InvalidArgumentError("synthetic: dense must be in [0, 4096]");
       config.dense = static_cast<int>(d);
     } else if (key == "drift") {
       ASSIGN_OR_RETURN(config.drift, ParseInt(key, value));

@@ -32,8 +32,9 @@ namespace bagpipe {
 // Row counts of the 26 categorical features of Criteo Kaggle (dictionary-encoded).
 inline const std::vector<int64_t>& CriteoKaggleTableRows() {
   static const std::vector<int64_t> rows = {
-      1460, 583,   10131227, 2202608, 305,  24,     12517, 633, 3,      93145, 5683,   8351593, 3194,
-      27,   14992, 5461306,  10,      5652, 2173,   4,     7046547, 18,   15,    286181, 105,     142572};
+      1460,  583,  10131227, 2202608, 305, 24,     12517,   633,   3,
+      93145, 5683, 8351593,  3194,    27,  14992,  5461306, 10,    5652,
+      2173,  4,    7046547,  18,      15,  286181, 105,     142572};
   return rows;
 }
 

@@ -75,8 +75,8 @@ void Planner::Impl::PlanDevice(int table, Iteration i) {
   for (int h = 0; h < trainers_; ++h) {
     std::vector<oracle_internal::SharedOut>& out = sync.shared[h];
     out.reserve(m);
-    const uint64_t others = (trainers_ == 64 ? ~uint64_t{0} : (uint64_t{1} << trainers_) - 1) &
-                            ~(uint64_t{1} << h);
+    const uint64_t others =
+        (trainers_ == 64 ? ~uint64_t{0} : (uint64_t{1} << trainers_) - 1) & ~(uint64_t{1} << h);
     for (int32_t s = 0; s < m; ++s) {
       const int32_t q = sync.order[s];
       const RowId row = base + static_cast<RowId>(sync.ids[q]);

@@ -45,8 +45,8 @@ class CompactTrace {
       dedup_.Reset(static_cast<size_t>(end - begin));
       for (int64_t j = begin; j < end; ++j) {
         if (batch.ids[j] < 0) {
-          return absl::InvalidArgumentError(absl::StrCat("batch ", batches_, ", table ", t,
-                                                         ": negative id ", batch.ids[j]));
+          return absl::InvalidArgumentError(
+              absl::StrCat("batch ", batches_, ", table ", t, ": negative id ", batch.ids[j]));
         }
         bool inserted;
         dedup_.Insert(batch.ids[j], &inserted);
@@ -62,8 +62,8 @@ class CompactTrace {
   // Linearises the rows with the final schema and links every access to its next use.
   absl::Status Finalize(const Schema& schema) {
     if (schema.num_tables() != tables_) {
-      return absl::InvalidArgumentError(absl::StrCat("the schema has ", schema.num_tables(),
-                                                     " tables, the batches ", tables_));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the schema has ", schema.num_tables(), " tables, the batches ", tables_));
     }
     const std::vector<RowId> table_offsets = schema.TableOffsets();
     rows_.resize(ids_.size());
@@ -71,9 +71,9 @@ class CompactTrace {
       for (int t = 0; t < tables_; ++t) {
         for (int64_t a = offsets_[b * tables_ + t]; a < offsets_[b * tables_ + t + 1]; ++a) {
           if (ids_[a] >= schema.table_rows[t]) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "batch ", b, ", table ", schema.table_names[t], ": id ", ids_[a],
-                " is outside [0, ", schema.table_rows[t], ")"));
+            return absl::InvalidArgumentError(
+                absl::StrCat("batch ", b, ", table ", schema.table_names[t], ": id ", ids_[a],
+                             " is outside [0, ", schema.table_rows[t], ")"));
           }
           rows_[a] = table_offsets[t] + static_cast<RowId>(ids_[a]);
         }
@@ -335,15 +335,15 @@ absl::StatusOr<SimResult> SimulateTrace(const CompactTrace& trace, const Schema&
           SimPolicyResult& r = result.results[k];
           const bool whole_batches = r.policy != "ttl" && r.policy != "lru-32way";
           if (whole_batches && r.capacity < trace.max_working_set()) {
-            r.error = absl::StrCat("capacity ", r.capacity,
-                                   " is below the largest batch working set (",
-                                   trace.max_working_set(), " rows)");
+            r.error =
+                absl::StrCat("capacity ", r.capacity, " is below the largest batch working set (",
+                             trace.max_working_set(), " rows)");
           } else if (r.policy == "lru-32way" && r.capacity < kWays) {
-            r.error = absl::StrCat("capacity ", r.capacity, " is below one set of ", kWays,
-                                   " ways");
+            r.error =
+                absl::StrCat("capacity ", r.capacity, " is below one set of ", kWays, " ways");
           } else if (r.policy == "oracle") {
-            errors[k] = RunPlanner(trace, schema, CachePolicy::kOracle, r.capacity,
-                                   options.lookahead, &r);
+            errors[k] =
+                RunPlanner(trace, schema, CachePolicy::kOracle, r.capacity, options.lookahead, &r);
           } else if (r.policy == "lru") {
             errors[k] = RunPlanner(trace, schema, CachePolicy::kLru, r.capacity, 1, &r);
           } else if (r.policy == "lfu") {
@@ -359,8 +359,7 @@ absl::StatusOr<SimResult> SimulateTrace(const CompactTrace& trace, const Schema&
       });
   for (size_t k = 0; k < errors.size(); ++k) {
     RETURN_IF_ERROR(Annotate(errors[k], absl::StrCat("simulating ", result.results[k].policy,
-                                                     " at capacity ",
-                                                     result.results[k].capacity)));
+                                                     " at capacity ", result.results[k].capacity)));
   }
   return result;
 }
@@ -453,8 +452,7 @@ std::string SimResult::Table() const {
         for (const SimPolicyResult& r : results) {
           if (r.policy != c || r.capacity != capacity) continue;
           cell = r.error.empty() ? absl::StrFormat("%.2f%% (%d)",
-                                                   100.0 * MissRatio(r.misses, accesses),
-                                                   r.misses)
+                                                   100.0 * MissRatio(r.misses, accesses), r.misses)
                                  : "too small";
         }
         absl::StrAppend(&text, absl::StrFormat("  %22s", cell));
@@ -463,8 +461,8 @@ std::string SimResult::Table() const {
     }
   }
   if (ttl != nullptr) {
-    absl::StrAppend(&text, absl::StrFormat(
-                               "ttl (rows live until their last use within %d batches): %.2f%% "
+    absl::StrAppend(
+        &text, absl::StrFormat("ttl (rows live until their last use within %d batches): %.2f%% "
                                "(%d misses), peak %d resident rows\n",
                                lookahead, 100.0 * MissRatio(ttl->misses, accesses), ttl->misses,
                                ttl->peak_rows));

@@ -66,9 +66,9 @@ struct SimPolicyResult {
 struct SimResult {
   int64_t batches = 0;
   int64_t ids = 0;
-  int64_t accesses = 0;                // sum over batches of their distinct rows
-  int64_t unique_rows = 0;             // distinct rows of the whole trace
-  int64_t max_batch_working_set = 0;   // largest number of distinct rows in one batch
+  int64_t accesses = 0;               // sum over batches of their distinct rows
+  int64_t unique_rows = 0;            // distinct rows of the whole trace
+  int64_t max_batch_working_set = 0;  // largest number of distinct rows in one batch
   int lookahead = 0;
   std::vector<SimPolicyResult> results;  // policies in option order, capacities ascending
 

@@ -97,19 +97,19 @@ void BM_PlanBatch(benchmark::State& state) {
     }
   }
   const PlannerStats after = (*planner)->stats();
-  const double iterations = static_cast<double>(after[PlannerCounter::kIterations] -
-                                                before[PlannerCounter::kIterations]);
-  const double unique = static_cast<double>(after[PlannerCounter::kUniqueRows] -
-                                            before[PlannerCounter::kUniqueRows]);
+  const double iterations =
+      static_cast<double>(after[PlannerCounter::kIterations] - before[PlannerCounter::kIterations]);
+  const double unique =
+      static_cast<double>(after[PlannerCounter::kUniqueRows] - before[PlannerCounter::kUniqueRows]);
   const double hits =
       static_cast<double>(after[PlannerCounter::kHits] - before[PlannerCounter::kHits]);
   const double misses =
       static_cast<double>(after[PlannerCounter::kMisses] - before[PlannerCounter::kMisses]);
-  state.counters["ids_per_s"] = benchmark::Counter(static_cast<double>(ids),
-                                                   benchmark::Counter::kIsRate);
-  state.counters["ms_per_batch"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) / 1e3,
-      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ids_per_s"] =
+      benchmark::Counter(static_cast<double>(ids), benchmark::Counter::kIsRate);
+  state.counters["ms_per_batch"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) / 1e3,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   state.counters["peak_rss_mb"] = PeakRssMb();
   state.counters["hit_rate"] = unique > 0 ? hits / unique : 0;
   state.counters["misses_per_batch"] = iterations > 0 ? misses / iterations : 0;

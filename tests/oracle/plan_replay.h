@@ -93,9 +93,9 @@ class PlanReplay {
       for (size_t p = 0; p < plan.unique_rows.size(); ++p) {
         const RowId r = plan.unique_rows[p];
         const RowValue v = Read(t, plan.unique_slots[p], r, i, "read");
-        EXPECT_EQ(v, reference_[r]) << "iteration " << i << ", trainer " << t << ": row " << r
-                                    << " read " << Describe(v) << ", expected "
-                                    << Describe(reference_[r]);
+        EXPECT_EQ(v, reference_[r])
+            << "iteration " << i << ", trainer " << t << ": row " << r << " read " << Describe(v)
+            << ", expected " << Describe(reference_[r]);
       }
     }
 
@@ -289,9 +289,8 @@ class PlanReplay {
           EXPECT_TRUE(stamps.insert({e.row, i}).second)
               << "iteration " << i << ": row " << e.row << " written back twice";
           const RowValue server = ServerValue(e.row, i);
-          EXPECT_GT(v.count, server.count)
-              << "iteration " << i << ", trainer " << t << ": redundant write-back of row "
-              << e.row;
+          EXPECT_GT(v.count, server.count) << "iteration " << i << ", trainer " << t
+                                           << ": redundant write-back of row " << e.row;
           server_[e.row].emplace_back(i, v);
           ++write_backs_;
           if (!e.evict) ++flushes_;
@@ -319,8 +318,8 @@ class PlanReplay {
     for (int t = 0; t < o_.trainers; ++t) {
       for (const Fill& f : plans[t].fills) {
         ASSERT_GE(f.slot, 0) << "iteration " << i << ", trainer " << t;
-        ASSERT_LT(f.slot, o_.capacity) << "iteration " << i << ", trainer " << t
-                                       << ": slot beyond capacity";
+        ASSERT_LT(f.slot, o_.capacity)
+            << "iteration " << i << ", trainer " << t << ": slot beyond capacity";
         ASSERT_EQ(caches_[t].slots.count(f.slot), 0u)
             << "iteration " << i << ", trainer " << t << ": fill of row " << f.row
             << " into occupied slot " << f.slot;
@@ -331,8 +330,8 @@ class PlanReplay {
         if (f.after_stamp >= 0) {
           bool exists = false;
           for (const auto& [s, value] : server_[f.row]) exists |= s == f.after_stamp;
-          EXPECT_TRUE(exists) << "iteration " << i << ", trainer " << t << ": fill of row "
-                              << f.row << " waits for write-back stamp " << f.after_stamp
+          EXPECT_TRUE(exists) << "iteration " << i << ", trainer " << t << ": fill of row " << f.row
+                              << " waits for write-back stamp " << f.after_stamp
                               << ", which is never sent";
         }
         const RowValue served = ServerValue(f.row, std::max(f.after_stamp, i - o_.horizon));
@@ -400,8 +399,8 @@ class PlanReplay {
     std::vector<int32_t> got_private = plan.private_unique;
     std::sort(got_private.begin(), got_private.end());
     EXPECT_EQ(got_private, expected_private) << "iteration " << i << ", trainer " << t;
-    ASSERT_EQ(plan.shared.size(), expected_shared.size()) << "iteration " << i << ", trainer "
-                                                          << t << ": shared rows";
+    ASSERT_EQ(plan.shared.size(), expected_shared.size())
+        << "iteration " << i << ", trainer " << t << ": shared rows";
     std::map<int, std::pair<std::vector<int32_t>, std::vector<int32_t>>> expected_peers;
     for (size_t j = 0; j < expected_shared.size(); ++j) {
       const RowId r = expected_shared[j];

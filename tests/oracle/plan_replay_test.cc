@@ -1,12 +1,13 @@
 // Property tests: plans for random and Zipf-skewed traces, T = 1..4 trainers, every policy,
 // several capacities, lookaheads, emit lags and write-back horizons, executed by an independent
 // replay (tests/oracle/plan_replay.h) that checks synchronous-training semantics end to end.
+#include "tests/oracle/plan_replay.h"
+
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "oracle/planner.h"
-#include "tests/oracle/plan_replay.h"
 #include "tests/oracle/planner_testing.h"
 #include "tests/oracle/trace_testing.h"
 
@@ -34,11 +35,11 @@ struct Case {
 };
 
 std::string Name(const Case& c) {
-  return std::string(CachePolicyName(c.policy)) + " T" +
-         std::to_string(c.trainers) + " +cap" + std::to_string(c.extra_capacity) + " L" +
-         std::to_string(c.lookahead) + " E" + std::to_string(c.emit_lag) + " H" +
-         std::to_string(c.horizon) + " alpha" + std::to_string(c.alpha) + " pool" +
-         std::to_string(c.max_pooling) + " seed" + std::to_string(c.seed);
+  return std::string(CachePolicyName(c.policy)) + " T" + std::to_string(c.trainers) + " +cap" +
+         std::to_string(c.extra_capacity) + " L" + std::to_string(c.lookahead) + " E" +
+         std::to_string(c.emit_lag) + " H" + std::to_string(c.horizon) + " alpha" +
+         std::to_string(c.alpha) + " pool" + std::to_string(c.max_pooling) + " seed" +
+         std::to_string(c.seed);
 }
 
 // Plans the trace and replays every plan and the Drain.

@@ -59,8 +59,7 @@ inline PlannerRun RunPlanner(const PlannerOptions& options, const std::vector<Ba
 
 inline bool SamePlan(const TrainerPlan& a, const TrainerPlan& b) {
   auto same_extract = [](const Extraction& x, const Extraction& y) {
-    return x.slot == y.slot && x.row == y.row && x.evict == y.evict &&
-           x.write_back == y.write_back;
+    return x.slot == y.slot && x.row == y.row && x.evict == y.evict && x.write_back == y.write_back;
   };
   auto same_fill = [](const Fill& x, const Fill& y) {
     return x.slot == y.slot && x.row == y.row && x.after_stamp == y.after_stamp;
@@ -71,10 +70,9 @@ inline bool SamePlan(const TrainerPlan& a, const TrainerPlan& b) {
   auto same_peer = [](const PeerExchange& x, const PeerExchange& y) {
     return x.peer == y.peer && x.send == y.send && x.recv == y.recv;
   };
-  return a.iteration == b.iteration && a.trainer == b.trainer &&
-         a.num_trainers == b.num_trainers && a.first_sample == b.first_sample &&
-         a.num_samples == b.num_samples && a.global_samples == b.global_samples &&
-         a.num_dense == b.num_dense &&
+  return a.iteration == b.iteration && a.trainer == b.trainer && a.num_trainers == b.num_trainers &&
+         a.first_sample == b.first_sample && a.num_samples == b.num_samples &&
+         a.global_samples == b.global_samples && a.num_dense == b.num_dense &&
          a.num_tables == b.num_tables && a.labels == b.labels && a.dense == b.dense &&
          a.offsets == b.offsets && a.unique_index == b.unique_index &&
          a.unique_rows == b.unique_rows && a.unique_slots == b.unique_slots &&
@@ -95,8 +93,7 @@ inline bool SamePlan(const TrainerPlan& a, const TrainerPlan& b) {
 //   lfu:    fewest uses since the start first, then as lru;
 //   off:    every row is fetched at every use.
 inline std::vector<int64_t> ReferenceMisses(const std::vector<std::vector<RowId>>& demand,
-                                            CachePolicy policy, int64_t capacity,
-                                            int lookahead) {
+                                            CachePolicy policy, int64_t capacity, int lookahead) {
   const Iteration n = static_cast<Iteration>(demand.size());
   struct Info {
     Iteration last_use;
@@ -161,8 +158,7 @@ inline std::vector<std::vector<std::vector<RowId>>> Demand(const std::vector<Bat
   return demand;
 }
 
-inline int64_t MaxWorkingSet(const std::vector<Batch>& trace, const Schema& schema,
-                             int trainers) {
+inline int64_t MaxWorkingSet(const std::vector<Batch>& trace, const Schema& schema, int trainers) {
   int64_t ws = 1;
   for (const auto& per_trainer : Demand(trace, schema, trainers)) {
     for (const auto& d : per_trainer) ws = std::max<int64_t>(ws, static_cast<int64_t>(d.size()));

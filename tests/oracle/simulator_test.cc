@@ -50,8 +50,7 @@ Trace MakeSimTrace(uint64_t seed, double alpha, int batches = 60) {
   return t;
 }
 
-const SimPolicyResult& Find(const SimResult& result, const std::string& policy,
-                            int64_t capacity) {
+const SimPolicyResult& Find(const SimResult& result, const std::string& policy, int64_t capacity) {
   for (const SimPolicyResult& r : result.results) {
     if (r.policy == policy && (policy == "ttl" || r.capacity == capacity)) return r;
   }

@@ -85,9 +85,8 @@ inline std::vector<Batch> MakeTrace(const TraceSpec& spec) {
       // Hot ranks map to scattered ids (a fixed affine bijection of the table).
       const int64_t rows = spec.table_rows[t];
       for (int s = 0; s < n; ++s) {
-        const int bag = spec.max_pooling == 1
-                            ? 1
-                            : static_cast<int>(rng.NextBelow(spec.max_pooling + 1));
+        const int bag =
+            spec.max_pooling == 1 ? 1 : static_cast<int>(rng.NextBelow(spec.max_pooling + 1));
         for (int k = 0; k < bag; ++k) {
           const int64_t rank = samplers[t].Sample(rng);
           batch.ids.push_back((rank * 7919 + 13) % rows);
