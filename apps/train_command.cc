@@ -286,13 +286,11 @@ absl::Status RunTrain(TrainFlags flags) {
       static_cast<double>(total.unique_rows) * flags.dim * sizeof(float) * (layout.trainers - 1);
   const nlohmann::json& info = result.trainers.at(0).info;
   const int64_t iterations = info.value("iterations", int64_t{0});
-  const int64_t samples_per_trainer = info.value("samples", int64_t{0});
   int64_t samples = 0;
   for (const TrainerOutcome& outcome : result.trainers) {
     samples += outcome.info.value("samples", int64_t{0});
   }
   const double train_seconds = info.value("seconds", 0.0);
-  (void)samples_per_trainer;
   nlohmann::json summary = {
       {"data", describe},
       {"cache", flags.cache},

@@ -69,6 +69,19 @@ ServerStats ServerStatsFromJson(const nlohmann::json& j) {
   return s;
 }
 
+// Receives the kStats control message `what` from `rank` and returns its body.
+absl::StatusOr<Bytes> ReceiveStats(Transport& transport, int rank, absl::Duration timeout,
+                                   const char* what) {
+  ASSIGN_OR_RETURN(Message message, transport.Receive(rank, kTagControl, timeout));
+  ControlKind kind;
+  Bytes body;
+  RETURN_IF_ERROR(DecodeControl(message.payload, &kind, &body));
+  if (kind != ControlKind::kStats) {
+    return absl::DataLossError(absl::StrCat("expected ", what, " from rank ", rank));
+  }
+  return body;
+}
+
 // Rank 0 after the oracle role: gathers every trainer's outcome, the parameters and every
 // server's statistics.
 absl::Status GatherAtRankZero(Transport& transport, const JobOptions& options,
@@ -78,12 +91,8 @@ absl::Status GatherAtRankZero(Transport& transport, const JobOptions& options,
   for (int t = 0; t < layout.trainers; ++t) {
     // Trainers report after training and evaluation, which may take a while: wait for them
     // as long as the peer timeout allows between messages.
-    ASSIGN_OR_RETURN(Message message,
-                     transport.Receive(layout.trainer_rank(t), kTagControl, options.peer_timeout));
-    ControlKind kind;
-    Bytes body;
-    RETURN_IF_ERROR(DecodeControl(message.payload, &kind, &body));
-    if (kind != ControlKind::kStats) return absl::DataLossError("expected a trainer outcome");
+    ASSIGN_OR_RETURN(const Bytes body, ReceiveStats(transport, layout.trainer_rank(t),
+                                                    options.peer_timeout, "a trainer outcome"));
     ASSIGN_OR_RETURN(result->trainers[t], DecodeOutcome(body));
   }
   const int record_floats =
@@ -106,12 +115,8 @@ absl::Status GatherAtRankZero(Transport& transport, const JobOptions& options,
   }
   result->servers.resize(layout.servers);
   for (int s = 0; s < layout.servers; ++s) {
-    ASSIGN_OR_RETURN(Message message,
-                     transport.Receive(layout.server_rank(s), kTagControl, options.peer_timeout));
-    ControlKind kind;
-    Bytes body;
-    RETURN_IF_ERROR(DecodeControl(message.payload, &kind, &body));
-    if (kind != ControlKind::kStats) return absl::DataLossError("expected server statistics");
+    ASSIGN_OR_RETURN(const Bytes body, ReceiveStats(transport, layout.server_rank(s),
+                                                    options.peer_timeout, "server statistics"));
     nlohmann::json j = nlohmann::json::parse(std::string(body.begin(), body.end()), nullptr, false);
     result->servers[s] = ServerStatsFromJson(j);
   }
