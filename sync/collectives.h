@@ -1,5 +1,8 @@
-// Collectives among a group of ranks over a Transport (the trainers' dense gradients and
-// loss sums on CPU ranks; GPU ranks use NCCL, sync/nccl_communicator.h).
+// Collectives among a group of ranks over a Transport: the trainers' dense gradients on CPU
+// ranks, and their loss sums and other small host-memory reductions everywhere. GPU trainers
+// all-reduce their dense gradients with NCCL instead (sync/nccl_communicator.h, built with the
+// CUDA backend, via Trainer::AllReduceDevice); its deterministic mode reproduces AllReduceSum
+// bit for bit, and AllReduceSum remains the fallback when two trainers share a GPU.
 //
 // AllReduceSum is deterministic: the buffer is cut into one chunk per member; member c sums
 // chunk c over the members in group order, starting from +0.0f (acc = 0; acc += x_0; acc +=

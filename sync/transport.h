@@ -48,7 +48,8 @@ enum Tag : int {
   kTagDense = 7,            // trainer <-> trainer: dense all-reduce chunks
   kTagControl = 8,          // shutdown, results, parameter dumps
   kTagBarrier = 9,
-  kTagTest = 100,  // reserved for tests
+  kTagNcclSetup = 11,  // trainer <-> trainer: GPU identities and the NCCL unique id
+  kTagTest = 100,      // reserved for tests
 };
 
 struct Message {
