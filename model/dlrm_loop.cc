@@ -56,19 +56,6 @@ struct PhaseTimes {
   }
 };
 
-// All-reduces host data that may live in device memory.
-absl::Status AllReduceInPlace(Trainer& trainer, float* data, size_t count,
-                              std::vector<float>* host) {
-  const auto& context = trainer.context();
-  if (!context->is_cuda()) return trainer.AllReduce(data, count);
-  host->resize(count);
-  RETURN_IF_ERROR(context->CopyToHost(host->data(), data, count * sizeof(float)));
-  RETURN_IF_ERROR(context->Synchronize());
-  RETURN_IF_ERROR(trainer.AllReduce(host->data(), count));
-  RETURN_IF_ERROR(context->CopyToDevice(data, host->data(), count * sizeof(float)));
-  return context->Synchronize();
-}
-
 // The loop for any dense head with DenseModel's calling contract (DenseModel, LogRegHead).
 template <typename Head>
 absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& options,
@@ -80,7 +67,6 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
   Progress progress("train", options.total_iterations, leader && options.progress);
 
   DeviceArray<float> pooled_grad;
-  std::vector<float> host_scratch;
   LocalBatch batch;
   Stopwatch total_watch;
   Stopwatch interval_watch;
@@ -147,8 +133,8 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
                      model->ForwardBackward(batch.dense, pooled, batch.labels, batch.num_samples,
                                             loss_scale, pooled_grad.data()));
     forward_backward_seconds += watch.Seconds();
-    RETURN_IF_ERROR(
-        AllReduceInPlace(trainer, model->gradients(), model->num_parameters(), &host_scratch));
+    // Dense gradients stay in device memory: NCCL on GPUs, the Transport all-reduce on CPUs.
+    RETURN_IF_ERROR(trainer.AllReduceDevice(model->gradients(), model->num_parameters()));
     watch.Reset();
     RETURN_IF_ERROR(model->Step(lr));
     optimizer_seconds += watch.Seconds();

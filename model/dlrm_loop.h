@@ -1,7 +1,7 @@
 // The reference DLRM training loop, written against the trainer hooks (trainer_hooks/trainer.h)
 // the way a user's own loop would be: embedding bags come from Trainer::LookupPooled, the dense
 // part (bottom MLP, dot interaction, top MLP, BCE) from DenseModel, dense gradients are
-// all-reduced with Trainer::AllReduce and sparse ones handed back to Trainer::EndIteration.
+// all-reduced with Trainer::AllReduceDevice and sparse ones handed back to Trainer::EndIteration.
 //
 // Every `metrics_interval` iterations all trainers sum their interval figures (one small
 // deterministic all-reduce) and trainer 0 writes one JSON line: the global mean training loss,

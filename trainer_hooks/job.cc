@@ -54,6 +54,7 @@ absl::StatusOr<TrainerOutcome> DecodeOutcome(const Bytes& bytes) {
   st.sync_seconds = s.value("sync_seconds", 0.0);
   st.apply_seconds = s.value("apply_seconds", 0.0);
   st.allreduce_seconds = s.value("allreduce_seconds", 0.0);
+  st.dense_allreduce = s.value("dense_allreduce", std::string());
   return outcome;
 }
 

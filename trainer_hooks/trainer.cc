@@ -13,6 +13,9 @@
 #include "core/timer.h"
 #include "prefetch/prefetcher.h"
 #include "sync/collectives.h"
+#if BAGPIPE_WITH_CUDA
+#include "sync/nccl_communicator.h"
+#endif
 #include "sync/protocol.h"
 #include "trainer_hooks/plan_codec.h"
 
@@ -39,7 +42,8 @@ nlohmann::json TrainerStats::ToJson() const {
           {"reduce_seconds", reduce_seconds},
           {"sync_seconds", sync_seconds},
           {"apply_seconds", apply_seconds},
-          {"allreduce_seconds", allreduce_seconds}};
+          {"allreduce_seconds", allreduce_seconds},
+          {"dense_allreduce", dense_allreduce}};
 }
 
 namespace {
@@ -190,6 +194,45 @@ class Trainer::Impl {
   absl::Status AllReduce(float* data, size_t count) {
     ScopedTimer timer(&stats_.allreduce_seconds);
     return AllReduceSum(transport_, trainer_group(), data, count, options_.peer_timeout);
+  }
+
+  absl::Status AllReduceDevice(float* data, size_t count) {
+    if (layout_.trainers <= 1) {
+      stats_.dense_allreduce = "none";
+      return absl::OkStatus();
+    }
+    if (!context_->is_cuda()) {
+      stats_.dense_allreduce = "mpi";
+      return AllReduce(data, count);
+    }
+    ScopedTimer timer(&stats_.allreduce_seconds);
+#if BAGPIPE_WITH_CUDA
+    if (!nccl_setup_done_) {
+      // Every trainer reaches its first dense all-reduce: set NCCL up now, once.
+      nccl_setup_done_ = true;
+      std::string unusable;
+      ASSIGN_OR_RETURN(
+          nccl_, NcclCommunicator::Create(transport_, trainer_group(), context_->device_index(),
+                                          options_.peer_timeout, &unusable));
+      if (nccl_ == nullptr && id_ == 0) {
+        BAGPIPE_LOG(WARNING) << "dense all-reduce goes through host memory, not NCCL: " << unusable;
+      }
+    }
+    if (nccl_ != nullptr) {
+      stats_.dense_allreduce = "nccl";
+      return nccl_->AllReduceSum(data, count,
+                                 static_cast<CUstream_st*>(context_->stream(Stream::kCompute)),
+                                 options_.deterministic, options_.peer_timeout);
+    }
+#endif
+    stats_.dense_allreduce = "mpi-via-host";
+    host_dense_.resize(count);
+    RETURN_IF_ERROR(context_->CopyToHost(host_dense_.data(), data, count * sizeof(float)));
+    RETURN_IF_ERROR(context_->Synchronize());
+    RETURN_IF_ERROR(AllReduceSum(transport_, trainer_group(), host_dense_.data(), count,
+                                 options_.peer_timeout));
+    RETURN_IF_ERROR(context_->CopyToDevice(data, host_dense_.data(), count * sizeof(float)));
+    return context_->Synchronize();
   }
 
   absl::Status Flush() {
@@ -659,6 +702,14 @@ class Trainer::Impl {
   std::vector<int32_t> occurrence_slots_;
   std::vector<float> host_records_;
   std::vector<float> host_grads_;
+  std::vector<float> host_dense_;  // dense all-reduce staging when NCCL is unusable
+
+#if BAGPIPE_WITH_CUDA
+  // The dense all-reduce over the trainers' GPUs; null until the first AllReduceDevice, and after
+  // it when NCCL cannot serve the group.
+  std::unique_ptr<NcclCommunicator> nccl_;
+  bool nccl_setup_done_ = false;
+#endif
   Buffer<float> dense_, labels_, pooled_, row_grads_, record_buffer_, shared_grads_;
   Buffer<int64_t> offsets_;
   Buffer<int32_t> slots_, unique_slots_, slot_buffer_, apply_slots_, apply_index_, shared_slots_;
@@ -691,6 +742,9 @@ absl::Status Trainer::EndIterationWithRowGradients(const float* row_grads) {
   return impl_->EndIterationWithRowGradients(row_grads);
 }
 absl::Status Trainer::AllReduce(float* data, size_t count) { return impl_->AllReduce(data, count); }
+absl::Status Trainer::AllReduceDevice(float* data, size_t count) {
+  return impl_->AllReduceDevice(data, count);
+}
 absl::Status Trainer::Flush() { return impl_->Flush(); }
 absl::StatusOr<bool> Trainer::BeginEvalBatch(LocalBatch* batch) {
   return impl_->BeginEvalBatch(batch);

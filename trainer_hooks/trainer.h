@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -103,6 +104,10 @@ struct TrainerStats {
   double sync_seconds = 0;       // shared-row gradient exchange on the critical path
   double apply_seconds = 0;      // sparse optimizer
   double allreduce_seconds = 0;  // dense all-reduce
+  // The path of the dense all-reduce (AllReduceDevice): "nccl", "mpi" (CPU backend: the
+  // Transport all-reduce), "mpi-via-host" (CUDA, NCCL unusable), "none" (one trainer), or empty
+  // when the loop never called AllReduceDevice.
+  std::string dense_allreduce;
   nlohmann::json ToJson() const;
   double hit_rate() const { return unique_rows > 0 ? static_cast<double>(hits) / unique_rows : 0; }
 };
@@ -134,6 +139,14 @@ class Trainer {
   absl::Status EndIterationWithRowGradients(const float* row_grads);
   // Deterministic in-place sum over all trainers of `count` floats in HOST memory.
   absl::Status AllReduce(float* data, size_t count);
+  // In-place sum over all trainers of `count` floats in the trainer's device memory (host memory
+  // on the CPU backend): the dense gradients. Every trainer calls it with the same count, in the
+  // same order. CPU: AllReduce. CUDA with more than one trainer: NCCL
+  // (sync/nccl_communicator.h), set up at the first call; with options.deterministic the result
+  // is bit-identical to AllReduce's on the same inputs, otherwise NCCL's own sum. When two
+  // trainers share a GPU (NCCL refuses that) the data go through host memory and AllReduce.
+  // One trainer: nothing to do. Which path ran is stats().dense_allreduce.
+  absl::Status AllReduceDevice(float* data, size_t count);
   // After the last iteration: writes every dirty cached row back to the servers (the oracle's
   // drain plan) and tells the servers and the oracle this trainer is done with training.
   absl::Status Flush();
