@@ -205,9 +205,11 @@ bool Planner::Impl::SelectVictims(int trainer, Iteration i) {
 void Planner::Impl::ExpireRecords(int table, Iteration i) {
   TableTrack& track = caches_[0].tables[table];
   const Iteration limit = i - horizon_;
-  while (!track.expiry.empty() && track.expiry.front().first < limit) {
-    const int64_t id = track.expiry.front().second;
-    track.expiry.pop_front();
+  size_t due = 0;
+  while (due < track.expiry.size() && track.expiry[due].first < limit) ++due;
+  for (size_t k = 0; k < due; ++k) {
+    if (k + kAhead < due) track.rows.Prefetch(track.expiry[k + kAhead].second);
+    const int64_t id = track.expiry[k].second;
     const TrainerRow* row = track.rows.Find(id);
     // Forgotten only if it is still not resident, has no window occurrence and its latest
     // write-back is older than the horizon (a later eviction queued a later entry).
@@ -215,6 +217,7 @@ void Planner::Impl::ExpireRecords(int table, Iteration i) {
       track.rows.Erase(id);
     }
   }
+  track.expiry.erase(track.expiry.begin(), track.expiry.begin() + static_cast<std::ptrdiff_t>(due));
 }
 
 void Planner::Impl::Apply(int trainer, int table, Iteration i) {
