@@ -476,23 +476,23 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
   // line prefetched for writing meanwhile, so the loop does not wait for the misses.
   constexpr int kDelay = 16;
   struct PendingLink {
-    oracle_internal::NextUse* at;
-    oracle_internal::NextUse next;
+    int32_t* at;
+    int32_t distance;
   };
   PendingLink pending[kDelay];
   int pending_count = 0;
   int pending_head = 0;
-  auto link = [&](oracle_internal::NextUse* at, oracle_internal::NextUse next) {
+  auto link = [&](int32_t* at, int32_t distance) {
     __builtin_prefetch(at, 1);
     if (pending_count == kDelay) {
-      *pending[pending_head].at = pending[pending_head].next;
-      pending[pending_head] = {at, next};
+      *pending[pending_head].at = pending[pending_head].distance;
+      pending[pending_head] = {at, distance};
       pending_head = (pending_head + 1) % kDelay;
     } else {
-      pending[(pending_head + pending_count++) % kDelay] = {at, next};
+      pending[(pending_head + pending_count++) % kDelay] = {at, distance};
     }
   };
-  oracle_internal::NextUse* const arena = track.next.data();
+  int32_t* const arena = track.next.data();
   const size_t stride = track.next_stride;
   const int64_t window_size = static_cast<int64_t>(window_.size());
   const int64_t k_slot = k % window_size;
@@ -513,9 +513,9 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
         // The window slot of last_occ, without a division: k - last_occ < window_.size().
         int64_t w = k_slot - (k32 - row.last_occ);
         if (w < 0) w += window_size;
-        link(arena + static_cast<size_t>(w) * stride + row.last_pos, {k32 - row.last_occ, pos});
+        link(arena + static_cast<size_t>(w) * stride + row.last_pos, k32 - row.last_occ);
       } else if (revive && row.slot != kNoSlot) {
-        Revive(cache, track, row, k, pos);
+        Revive(cache, track, row, k);
       }
       row.last_occ = k32;
       row.last_pos = pos;
@@ -524,19 +524,18 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
   }
   for (int k = 0; k < pending_count; ++k) {
     const PendingLink& p = pending[(pending_head + k) % kDelay];
-    *p.at = p.next;
+    *p.at = p.distance;
   }
-  // This segment's own next uses start unknown.
+  // This segment's own next-use distances start unknown.
   ReserveNextUses(trainer, table, seg.rows.size());
-  std::fill_n(NextUses(track, k), seg.rows.size(), oracle_internal::NextUse{0, 0});
+  std::fill_n(NextUses(track, k), seg.rows.size(), 0);
 }
 
 void Planner::Impl::ReserveNextUses(int trainer, int table, size_t rows) {
   TableTrack& track = caches_[trainer].tables[table];
   if (rows <= track.next_stride) return;
   const size_t stride = std::max(rows, 2 * track.next_stride);
-  oracle_internal::HugeVector<oracle_internal::NextUse> next(window_.size() * stride,
-                                                             oracle_internal::NextUse{0, 0});
+  oracle_internal::HugeVector<int32_t> next(window_.size() * stride, 0);
   // Carry over the segments still in the window (planned ones no longer read theirs).
   for (Iteration i = next_plan_; i < pushed_; ++i) {
     const size_t w = static_cast<size_t>(i % window_.size());

@@ -63,8 +63,8 @@ struct Victim {
 // One trainer's distinct rows of one table in one window batch.
 struct Segment {
   std::vector<RowId> rows;  // first-occurrence order
-  // Each row's next occurrence on the trainer (NextUse) lives in the TableTrack's next-use
-  // arena (Planner::Impl::NextUses).
+  // The distance from each row to its next occurrence on the trainer (0 = none) lives in the
+  // TableTrack's next-use arena (Planner::Impl::NextUses).
   int64_t first_id = 0;      // index of the table's first id in the plan's unique_index
   int64_t id_count = 0;      // ids of the table in the shard
   int32_t first_unique = 0;  // index of rows[0] in the plan's unique_rows
@@ -114,29 +114,15 @@ struct TrainerRow {
 };
 static_assert(sizeof(TrainerRow) == 24);
 
-// A row's next occurrence on its trainer, seen from one of its window occurrences.
-struct NextUse {
-  int32_t distance;  // iterations to the next occurrence; 0 = none known
-  int32_t pos;       // the row's position in the Segment of that occurrence
-};
-
-// A resident row waiting for its next use: bucket b of a TableTrack holds exactly the resident
-// rows of D_t(b) (entries of evicted rows are popped), so planning b reads its hits from the
-// bucket rather than from the rows' records.
-struct BucketEntry {
-  SlotId slot;
-  int32_t pos;  // the row's position in the Segment of iteration b
-};
-
 struct TableTrack {
   RowTable<TrainerRow> rows;
-  EvictionQueue lru;                              // kOracle, kLru: rows with no known next use
-  std::map<int64_t, EvictionQueue> lfu;           // kLfu: by use count
-  std::vector<std::vector<BucketEntry>> buckets;  // by next use, ring of L + 1
-  // Next uses of the window's segments: window slot w owns
+  EvictionQueue lru;                         // kOracle, kLru: rows with no known next use
+  std::map<int64_t, EvictionQueue> lfu;      // kLfu: by use count
+  std::vector<std::vector<SlotId>> buckets;  // by next use, ring of L + 1
+  // Next-use distances of the window's segments: window slot w owns
   // [w * next_stride, w * next_stride + its row count). One huge-page array rather than a
   // vector per segment: the links written when a batch enters land at random in it.
-  HugeVector<NextUse> next;
+  HugeVector<int32_t> next;
   size_t next_stride = 0;
   // One trainer: records of evicted rows waiting for their write-back stamp to expire.
   std::deque<std::pair<Iteration, int64_t>> expiry;  // (evicted at, row id)
@@ -253,8 +239,8 @@ class Planner::Impl {
   using Segment = oracle_internal::Segment;
 
   WindowBatch& window(Iteration i) { return window_[static_cast<size_t>(i % window_.size())]; }
-  // The next uses of a trainer's segment of `table` in window batch `i`.
-  oracle_internal::NextUse* NextUses(oracle_internal::TableTrack& track, Iteration i) {
+  // The next-use distances of a trainer's segment of `table` in window batch `i`.
+  int32_t* NextUses(oracle_internal::TableTrack& track, Iteration i) {
     return track.next.data() + static_cast<size_t>(i % window_.size()) * track.next_stride;
   }
   // Makes room for a segment of `rows` rows in the next-use arena (keeps the live segments).
@@ -282,9 +268,8 @@ class Planner::Impl {
   // Returns false if the queues hold fewer victims than needed (an internal error).
   bool SelectVictims(int trainer, Iteration i);
   void Apply(int trainer, int table, Iteration i);
-  // A resident row with no known next use occurs again at `next_use`, position `pos`.
   void Revive(oracle_internal::TrainerCache& cache, oracle_internal::TableTrack& track,
-              const oracle_internal::TrainerRow& row, Iteration next_use, int32_t pos);
+              const oracle_internal::TrainerRow& row, Iteration next_use);
   void ExpireRecords(int table, Iteration i);
   std::vector<TrainerPlan> DrainCaches();
 

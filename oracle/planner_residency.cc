@@ -32,7 +32,7 @@ constexpr int32_t kAhead = 16;  // records prefetched ahead in the hot loops
 }  // namespace
 
 void Planner::Impl::Revive(TrainerCache& cache, TableTrack& track, const TrainerRow& row,
-                           Iteration next_use, int32_t pos) {
+                           Iteration next_use) {
   SlotState& state = cache.slots[row.slot];
   if (state.queued) {
     state.queued = 0;
@@ -45,7 +45,7 @@ void Planner::Impl::Revive(TrainerCache& cache, TableTrack& track, const Trainer
     }
   }
   track.buckets[static_cast<size_t>(next_use % static_cast<Iteration>(track.buckets.size()))]
-      .push_back({row.slot, pos});
+      .push_back(row.slot);
 }
 
 void Planner::Impl::Classify(int trainer, int table, Iteration i) {
@@ -63,18 +63,6 @@ void Planner::Impl::Classify(int trainer, int table, Iteration i) {
   const bool lfu = options_.policy == CachePolicy::kLfu;
   const bool off = options_.policy == CachePolicy::kOff;
   const bool several = trainers_ > 1;
-  if (!off && !lfu && !several) {
-    // The bucket of i holds exactly the hits (BucketEntry): no record is read.
-    std::fill(seg.slots.begin(), seg.slots.end(), kNoSlot);
-    const Iteration ring = static_cast<Iteration>(track.buckets.size());
-    for (const oracle_internal::BucketEntry& e : track.buckets[static_cast<size_t>(i % ring)]) {
-      seg.slots[static_cast<size_t>(e.pos)] = e.slot;
-    }
-    for (int32_t p = 0; p < n; ++p) {
-      if (seg.slots[p] == kNoSlot) seg.misses.push_back(p);
-    }
-    return;
-  }
   if (lfu) seg.uses.resize(static_cast<size_t>(n));
   if (several) seg.globals.resize(static_cast<size_t>(n));
   const RowId base = table_offsets_[table];
@@ -172,13 +160,10 @@ bool Planner::Impl::SelectVictims(int trainer, Iteration i) {
     const Iteration ring = lookahead_ + 1;
     for (Iteration b = i + lookahead_ - 1; b > i && need > 0; --b) {
       for (int tb = 0; tb < tables_ && need > 0; ++tb) {
-        std::vector<oracle_internal::BucketEntry>& bucket =
-            c.tables[tb].buckets[static_cast<size_t>(b % ring)];
+        std::vector<SlotId>& bucket = c.tables[tb].buckets[static_cast<size_t>(b % ring)];
         while (need > 0 && !bucket.empty()) {
-          if (bucket.size() > kAhead) {
-            __builtin_prefetch(slots + bucket[bucket.size() - kAhead].slot);
-          }
-          const SlotId slot = bucket.back().slot;
+          if (bucket.size() > kAhead) __builtin_prefetch(slots + bucket[bucket.size() - kAhead]);
+          const SlotId slot = bucket.back();
           bucket.pop_back();
           add_victim(slot, tb);
           --need;
@@ -279,14 +264,14 @@ void Planner::Impl::Apply(int trainer, int table, Iteration i) {
   if (!queued_policy()) return;
   const Iteration ring = static_cast<Iteration>(track.buckets.size());
   const Iteration i_slot = i % ring;
-  const oracle_internal::NextUse* next = NextUses(track, i);
+  const int32_t* next = NextUses(track, i);
   for (int32_t p = 0; p < n; ++p) {
     const SlotId slot = seg.slots[p];
-    if (next[p].distance > 0) {
-      // (i + distance) % ring without a division: distance < lookahead_ < ring.
-      Iteration b = i_slot + next[p].distance;
+    if (next[p] > 0) {
+      // (i + next[p]) % ring without a division: next[p] < lookahead_ < ring.
+      Iteration b = i_slot + next[p];
       if (b >= ring) b -= ring;
-      track.buckets[static_cast<size_t>(b)].push_back({slot, next[p].pos});
+      track.buckets[static_cast<size_t>(b)].push_back(slot);
       continue;
     }
     if (p + kAhead < n) __builtin_prefetch(slots + seg.slots[p + kAhead], 1);
