@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -19,6 +18,7 @@
 #include "sync/collectives.h"
 #include "sync/mpi_transport.h"
 #include "sync/nccl_communicator.h"
+#include "tests/sync/mpi_test_main.h"
 
 namespace bagpipe {
 namespace {
@@ -84,28 +84,4 @@ TEST(NcclMpiTest, TwoRanksMatchCpuAllReduce) {
 }  // namespace
 }  // namespace bagpipe
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  auto session = bagpipe::MpiSession::Init(&argc, &argv);
-  if (!session.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(session.status().message()).c_str());
-    return 1;
-  }
-  int result = 0;
-  {
-    auto transport = bagpipe::MpiTransport::Create();
-    if (!transport.ok()) return 1;
-    bagpipe::transport = transport->get();
-    if ((*session)->rank() != 0) {
-      // Only rank 0 prints results; all ranks run the same tests.
-      ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
-      delete listeners.Release(listeners.default_result_printer());
-    }
-    result = RUN_ALL_TESTS();
-    // Every rank's verdict decides the exit code of the job.
-    int worst = result;
-    MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    result = worst;
-  }
-  return result;
-}
+int main(int argc, char** argv) { return bagpipe::RunMpiTests(&argc, &argv, &bagpipe::transport); }
