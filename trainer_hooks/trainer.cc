@@ -202,7 +202,7 @@ class Trainer::Impl {
       return absl::OkStatus();
     }
     if (!context_->is_cuda()) {
-      stats_.dense_allreduce = "mpi";
+      stats_.dense_allreduce = "transport";
       return AllReduce(data, count);
     }
     ScopedTimer timer(&stats_.allreduce_seconds);
@@ -225,7 +225,7 @@ class Trainer::Impl {
                                  options_.deterministic, options_.peer_timeout);
     }
 #endif
-    stats_.dense_allreduce = "mpi-via-host";
+    stats_.dense_allreduce = "transport-via-host";
     host_dense_.resize(count);
     RETURN_IF_ERROR(context_->CopyToHost(host_dense_.data(), data, count * sizeof(float)));
     RETURN_IF_ERROR(context_->Synchronize());

@@ -104,9 +104,9 @@ struct TrainerStats {
   double sync_seconds = 0;       // shared-row gradient exchange on the critical path
   double apply_seconds = 0;      // sparse optimizer
   double allreduce_seconds = 0;  // dense all-reduce
-  // The path of the dense all-reduce (AllReduceDevice): "nccl", "mpi" (CPU backend: the
-  // Transport all-reduce), "mpi-via-host" (CUDA, NCCL unusable), "none" (one trainer), or empty
-  // when the loop never called AllReduceDevice.
+  // The path of the dense all-reduce (AllReduceDevice): "nccl", "transport" (CPU backend:
+  // the Transport all-reduce, MPI or in-process), "transport-via-host" (CUDA, NCCL unusable),
+  // "none" (one trainer), or empty when the loop never called AllReduceDevice.
   std::string dense_allreduce;
   nlohmann::json ToJson() const;
   double hit_rate() const { return unique_rows > 0 ? static_cast<double>(hits) / unique_rows : 0; }
