@@ -4,8 +4,10 @@
 //
 // BM_PlanBatch/threads:P/trainers:T measures one steady-state Push (the window is full, so one
 // batch enters and one iteration is planned and released) plus its Pop, on P TBB threads
-// (0 = all cores). Batch generation and the destruction of popped plans are excluded.
+// (0 = all cores), once every trainer's cache is full and has been evicting for a while.
+// Batch generation and the destruction of popped plans are excluded.
 // Counters: ms_per_batch, ids_per_s, peak_rss_mb (getrusage), hit_rate, misses_per_batch,
+// evictions_per_batch, warmup_iterations (iterations planned before the measured ones),
 // tracked_rows (per-trainer row records: the window's distinct rows plus the cached ones),
 // entry_ms and plan_ms (the planner's own split of a batch's time: entering the batch into the
 // window vs planning an iteration).
@@ -29,6 +31,8 @@ namespace {
 constexpr int64_t kBatchSize = 16384;
 constexpr int kLookahead = 200;
 constexpr int kMeasuredBatches = 40;
+constexpr int kSettleIterations = 100;
+constexpr int kMaxWarmupBatches = 2000;
 
 double PeakRssMb() {
   rusage usage{};
@@ -43,7 +47,7 @@ void BM_PlanBatch(benchmark::State& state) {
                               threads > 0 ? threads : tbb::info::default_concurrency());
 
   SyntheticConfig config;  // Kaggle tables, alpha 1.05, one-hot
-  config.samples = kBatchSize * (kLookahead + 16 + kMeasuredBatches + 8);
+  config.samples = kBatchSize * (kMaxWarmupBatches + kMeasuredBatches + 8);
   auto source = OpenSynthetic(config, SourceOptions{});
   if (!source.ok()) {
     state.SkipWithError(std::string(source.status().message()).c_str());
@@ -74,13 +78,27 @@ void BM_PlanBatch(benchmark::State& state) {
   };
   auto next_batch = [&]() { return (*source)->Read(kBatchSize, &batch).ok(); };
 
-  // Fill the window: from here on every Push plans and releases one iteration.
-  for (int b = 0; b < kLookahead + options.emit_lag + 4; ++b) {
+  // Warm up to the steady state: fill the window (from then on every Push plans and releases
+  // one iteration), then plan until every trainer's cache is full, then kSettleIterations more
+  // so that evictions and write-back expiries run at their steady rate. Timing the iterations
+  // that still fill free slots would leave out the eviction work.
+  const int64_t full = options.capacity * trainers;
+  int64_t settle = -1;  // iterations left once the caches are full
+  for (int b = 0; b < kMaxWarmupBatches && settle != 0; ++b) {
     if (!next_batch() || !push_and_pop()) {
       state.SkipWithError("warm-up failed");
       return;
     }
     popped.clear();
+    if (settle > 0) {
+      --settle;
+    } else if (settle < 0 && (*planner)->stats().resident_rows >= full) {
+      settle = kSettleIterations;
+    }
+  }
+  if (settle != 0) {
+    state.SkipWithError("the caches did not fill during the warm-up");
+    return;
   }
   const PlannerStats before = (*planner)->stats();
 
@@ -113,6 +131,12 @@ void BM_PlanBatch(benchmark::State& state) {
   state.counters["peak_rss_mb"] = PeakRssMb();
   state.counters["hit_rate"] = unique > 0 ? hits / unique : 0;
   state.counters["misses_per_batch"] = iterations > 0 ? misses / iterations : 0;
+  state.counters["evictions_per_batch"] =
+      iterations > 0 ? static_cast<double>(after[PlannerCounter::kEvictions] -
+                                           before[PlannerCounter::kEvictions]) /
+                           iterations
+                     : 0;
+  state.counters["warmup_iterations"] = static_cast<double>(before[PlannerCounter::kIterations]);
   state.counters["tracked_rows"] = static_cast<double>(after.tracked_rows);
   // Where the time goes: entering batches (dedup, next-use links) vs planning iterations.
   state.counters["entry_ms"] =
