@@ -44,6 +44,8 @@ struct Extraction {
   RowId row;
   bool evict;       // the slot becomes free (else: a flush, the row stays resident)
   bool write_back;  // send the row to its server (the one owner of this write-back)
+
+  bool operator==(const Extraction&) const = default;
 };
 
 // Row fetched from the servers into a slot at the boundary.
@@ -53,6 +55,8 @@ struct Fill {
   // The server serves the fetch only after applying the write-back of this row stamped
   // `after_stamp` (the latest the oracle planned before this fill); -1 = none known.
   Iteration after_stamp;
+
+  bool operator==(const Fill&) const = default;
 };
 
 // A row updated at this iteration on several trainers.

@@ -50,7 +50,9 @@
 //    for that row are larger than the fill's iteration, so the server serves a fill at i after
 //    applying the write-back stamped after_stamp and never waits for a later one.
 //  - The planner forgets a row's stamp once it is older than `writeback_horizon` (H) iterations
-//    and no trainer holds the row, so its memory does not grow with the dataset: a fill at i
+//    and no trainer holds the row (with one trainer, at once when no fill could still read it:
+//    no batch in the window uses the row and the next batch is more than H iterations away,
+//    as when L > H), so its memory does not grow with the dataset: a fill at i
 //    then carries after_stamp = -1 (also whenever the known stamp is < i - H). The server makes
 //    this exact by also waiting, before serving any fill of iteration i, until every trainer has
 //    sent its write-backs up to iteration i - H. H larger than the runtime's prefetch depth plus

@@ -217,7 +217,12 @@ void Planner::Impl::Apply(int trainer, int table, Iteration i) {
   SlotState* slots = c.slots.data();
   if (single && !lfu) ExpireRecords(table, i);
 
-  // Victims first: with several trainers their records may be erased, which moves records.
+  // Victims first: their records may be erased, which moves records.
+  // One trainer: a victim that no batch in the window uses again is next filled at the
+  // earliest from batch pushed_ on; when that is beyond the horizon (L > H, or no batch will
+  // come), its write-back stamp could never be read, so its record goes now rather than after H
+  // iterations on the expiry queue.
+  const bool stamp_unread = finished_ || pushed_ > i + horizon_;
   const size_t victims = seg.victims.size();
   auto victim_id = [&](size_t v) {
     return static_cast<int64_t>(plan.extract[seg.victims[v].extract].row - base);
@@ -231,6 +236,10 @@ void Planner::Impl::Apply(int trainer, int table, Iteration i) {
     if (single) {
       // Written back now; the record keeps the stamp until it is older than the horizon
       // (kLfu keeps every record: use counts persist across evictions).
+      if (!lfu && stamp_unread && row.last_occ < i) {
+        track.rows.Erase(id);
+        continue;
+      }
       row.write_back = static_cast<int32_t>(i);
       if (!lfu) track.expiry.emplace_back(i, id);
     } else {

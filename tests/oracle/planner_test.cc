@@ -298,6 +298,33 @@ TEST(PlannerTest, FillsWaitForTheLatestWriteBackWithinTheHorizon) {
   EXPECT_EQ(run.stats.tracked_rows, 1 + 5);
 }
 
+TEST(PlannerTest, StampsNoFillCanReadAreNotKept) {
+  // Capacity 1, L = 3 > H = 2: a row evicted with no use in the window is next used from batch
+  // i + L on, past the horizon, so its record goes at the eviction (no expiry wait), and the
+  // fills read exactly what they would with the record kept: -1. The same trace with L = H
+  // keeps the stamps.
+  const auto trace = Sequence({{1}, {2}, {3}, {4}, {5}, {6}, {1}, {2}});
+  PlannerOptions o = Options(OneTable(10), CachePolicy::kOracle, 1, /*lookahead=*/3);
+  o.writeback_horizon = 2;
+  const PlannerRun run = RunPlanner(o, trace);
+  ASSERT_EQ(run.plans[6][0].fills.size(), 1u);
+  EXPECT_EQ(run.plans[6][0].fills[0].row, 1);
+  EXPECT_EQ(run.plans[6][0].fills[0].after_stamp, -1);
+  ASSERT_EQ(run.plans[7][0].fills.size(), 1u);
+  EXPECT_EQ(run.plans[7][0].fills[0].after_stamp, -1);
+  EXPECT_EQ(run.stats.tracked_rows, 1);  // the resident row only
+
+  o.lookahead = 2;
+  const PlannerRun kept = RunPlanner(o, trace);
+  for (size_t i = 0; i < trace.size(); ++i) {
+    EXPECT_EQ(kept.plans[i][0].fills, run.plans[i][0].fills) << "iteration " << i;
+    EXPECT_EQ(kept.plans[i][0].extract, run.plans[i][0].extract) << "iteration " << i;
+  }
+  // The resident row plus rows whose stamps wait on the expiry queue (the iterations planned
+  // by Finish drop theirs at once: no batch follows).
+  EXPECT_GT(kept.stats.tracked_rows, 1);
+}
+
 TEST(PlannerTest, FillOfADirtyRowHeldElsewhereIsPrecededByAFlush) {
   // Trainer 0 touches row 7 at 0 and 1; trainer 1 first needs it at 4.
   std::vector<Batch> trace = {MakeBatch(0, {{7}, {1}}), MakeBatch(2, {{7}, {1}}),
