@@ -6,7 +6,8 @@
 // batch enters and one iteration is planned and released) plus its Pop, on P TBB threads
 // (0 = all cores), once every trainer's cache is full and has been evicting for a while.
 // Batch generation and the destruction of popped plans are excluded.
-// Counters: ms_per_batch, ids_per_s, peak_rss_mb (getrusage), hit_rate, misses_per_batch,
+// Counters: ms_per_batch, ids_per_s, peak_rss_mb (getrusage), huge_pages_mb (transparent huge
+// pages in use at the end), hit_rate, misses_per_batch,
 // evictions_per_batch, warmup_iterations (iterations planned before the measured ones),
 // tracked_rows (per-trainer row records: the window's distinct rows plus the cached ones),
 // entry_ms and plan_ms (the planner's own split of a batch's time: entering the batch into the
@@ -14,6 +15,7 @@
 #include <sys/resource.h>
 
 #include <cstdint>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,6 +35,21 @@ constexpr int kLookahead = 200;
 constexpr int kMeasuredBatches = 40;
 constexpr int kSettleIterations = 100;
 constexpr int kMaxWarmupBatches = 2000;
+
+// The process's memory on transparent huge pages (the planner's random-access arrays ask for
+// them, oracle/huge_pages.h); 0 where /proc is not available.
+double HugePagesMb() {
+  std::ifstream in("/proc/self/smaps_rollup");
+  std::string key;
+  double kb = 0;
+  while (in >> key) {
+    if (key == "AnonHugePages:") {
+      in >> kb;
+      break;
+    }
+  }
+  return kb / 1024.0;
+}
 
 double PeakRssMb() {
   rusage usage{};
@@ -129,6 +146,7 @@ void BM_PlanBatch(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(state.iterations()) / 1e3,
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   state.counters["peak_rss_mb"] = PeakRssMb();
+  state.counters["huge_pages_mb"] = HugePagesMb();
   state.counters["hit_rate"] = unique > 0 ? hits / unique : 0;
   state.counters["misses_per_batch"] = iterations > 0 ? misses / iterations : 0;
   state.counters["evictions_per_batch"] =
