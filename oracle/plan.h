@@ -67,6 +67,8 @@ struct SharedRow {
   int32_t own_unique;
   // Exchanged and applied before the next iteration (else before the boundary of i+2).
   bool now;
+
+  bool operator==(const SharedRow&) const = default;
 };
 
 // Gradients exchanged with one peer trainer, as indices into TrainerPlan::shared, in RowId
@@ -75,6 +77,8 @@ struct PeerExchange {
   int peer;
   std::vector<int32_t> send;  // rows this trainer touched that `peer` holds
   std::vector<int32_t> recv;  // rows `peer` touched that this trainer holds
+
+  bool operator==(const PeerExchange&) const = default;
 };
 
 struct TrainerPlan {
@@ -105,6 +109,9 @@ struct TrainerPlan {
   std::vector<int32_t> private_unique;
   std::vector<SharedRow> shared;    // RowId order
   std::vector<PeerExchange> peers;  // only peers with something to exchange, by peer id
+
+  // Member-wise; plans are deterministic, so equal inputs give equal plans.
+  bool operator==(const TrainerPlan&) const = default;
 };
 
 }  // namespace bagpipe

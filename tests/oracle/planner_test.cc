@@ -19,7 +19,6 @@ using ::bagpipe::testing::MaxWorkingSet;
 using ::bagpipe::testing::PlannerRun;
 using ::bagpipe::testing::ReferenceMisses;
 using ::bagpipe::testing::RunPlanner;
-using ::bagpipe::testing::SamePlan;
 using ::bagpipe::testing::TraceSchema;
 using ::bagpipe::testing::TraceSpec;
 using ::testing::HasSubstr;
@@ -423,11 +422,11 @@ TEST(PlannerTest, PlansAreDeterministic) {
     ASSERT_EQ(a.plans.size(), b.plans.size());
     for (size_t i = 0; i < a.plans.size(); ++i) {
       for (size_t t = 0; t < a.plans[i].size(); ++t) {
-        EXPECT_TRUE(SamePlan(a.plans[i][t], b.plans[i][t]))
+        EXPECT_TRUE(a.plans[i][t] == b.plans[i][t])
             << CachePolicyName(policy) << " iteration " << i << " trainer " << t;
       }
     }
-    for (size_t t = 0; t < a.drain.size(); ++t) EXPECT_TRUE(SamePlan(a.drain[t], b.drain[t]));
+    for (size_t t = 0; t < a.drain.size(); ++t) EXPECT_TRUE(a.drain[t] == b.drain[t]);
   }
 }
 

@@ -57,34 +57,6 @@ inline PlannerRun RunPlanner(const PlannerOptions& options, const std::vector<Ba
   return run;
 }
 
-inline bool SamePlan(const TrainerPlan& a, const TrainerPlan& b) {
-  auto same_extract = [](const Extraction& x, const Extraction& y) {
-    return x.slot == y.slot && x.row == y.row && x.evict == y.evict && x.write_back == y.write_back;
-  };
-  auto same_fill = [](const Fill& x, const Fill& y) {
-    return x.slot == y.slot && x.row == y.row && x.after_stamp == y.after_stamp;
-  };
-  auto same_shared = [](const SharedRow& x, const SharedRow& y) {
-    return x.slot == y.slot && x.row == y.row && x.own_unique == y.own_unique && x.now == y.now;
-  };
-  auto same_peer = [](const PeerExchange& x, const PeerExchange& y) {
-    return x.peer == y.peer && x.send == y.send && x.recv == y.recv;
-  };
-  return a.iteration == b.iteration && a.trainer == b.trainer && a.num_trainers == b.num_trainers &&
-         a.first_sample == b.first_sample && a.num_samples == b.num_samples &&
-         a.global_samples == b.global_samples && a.num_dense == b.num_dense &&
-         a.num_tables == b.num_tables && a.labels == b.labels && a.dense == b.dense &&
-         a.offsets == b.offsets && a.unique_index == b.unique_index &&
-         a.unique_rows == b.unique_rows && a.unique_slots == b.unique_slots &&
-         std::equal(a.extract.begin(), a.extract.end(), b.extract.begin(), b.extract.end(),
-                    same_extract) &&
-         std::equal(a.fills.begin(), a.fills.end(), b.fills.begin(), b.fills.end(), same_fill) &&
-         a.private_unique == b.private_unique &&
-         std::equal(a.shared.begin(), a.shared.end(), b.shared.begin(), b.shared.end(),
-                    same_shared) &&
-         std::equal(a.peers.begin(), a.peers.end(), b.peers.begin(), b.peers.end(), same_peer);
-}
-
 // The per-iteration misses of one cache fed `demand` (distinct rows per iteration, in
 // first-occurrence order), by direct application of the policy's rule:
 //   oracle: rows with no use in (i, i+L-1] first, least recently used first (ties: earlier
