@@ -1,7 +1,9 @@
 #include "oracle/planner.h"
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <utility>
 
@@ -12,6 +14,7 @@
 #include "oracle/planner_impl.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
+#include "tbb/task_arena.h"
 
 namespace bagpipe {
 
@@ -39,15 +42,24 @@ constexpr std::string_view kPhaseNames[kNumPlannerPhases] = {
     "entry", "classify", "victims", "apply", "consistency", "assemble", "release",
 };
 
-// Runs body(trainer, table) for every pair, in parallel.
+// Dense tables up to this many rows (32-byte records: 32 KiB) stay in the caches; Link does not
+// prefetch their records.
+constexpr int64_t kDenseNoPrefetchRows = 1024;
+
+// Runs body(trainer, table) for every pair, in parallel. Workers take the pairs one at a time in
+// the order of `tables` (largest first: longest-processing-time-first scheduling), so that a few
+// big tables do not end up together at the end of one worker's share.
 template <typename Body>
-void ForEachTrainerTable(int trainers, int tables, const Body& body) {
-  tbb::parallel_for(tbb::blocked_range<int>(0, trainers * tables, 1),
-                    [&](const tbb::blocked_range<int>& range) {
-                      for (int k = range.begin(); k != range.end(); ++k) {
-                        body(k / tables, k % tables);
-                      }
-                    });
+void ForEachTrainerTable(int trainers, const std::vector<int>& tables, const Body& body) {
+  const int count = trainers * static_cast<int>(tables.size());
+  std::atomic<int> next{0};
+  const int workers = std::min(count, tbb::this_task_arena::max_concurrency());
+  tbb::parallel_for(0, workers, [&](int) {
+    for (int k = next.fetch_add(1, std::memory_order_relaxed); k < count;
+         k = next.fetch_add(1, std::memory_order_relaxed)) {
+      body(k % trainers, tables[static_cast<size_t>(k / trainers)]);
+    }
+  });
 }
 
 template <typename Body>
@@ -170,6 +182,10 @@ absl::Status Planner::Impl::Init() {
   emit_lag_ = o.emit_lag;
   horizon_ = o.writeback_horizon > 0 ? o.writeback_horizon : kDefaultWritebackHorizon;
   table_offsets_ = o.schema.TableOffsets();
+  table_order_.resize(static_cast<size_t>(tables_));
+  std::iota(table_order_.begin(), table_order_.end(), 0);
+  std::stable_sort(table_order_.begin(), table_order_.end(),
+                   [&](int a, int b) { return o.schema.table_rows[a] > o.schema.table_rows[b]; });
 
   window_.resize(static_cast<size_t>(lookahead_ + emit_lag_ + 2));
   for (WindowBatch& wb : window_) {
@@ -356,12 +372,12 @@ absl::Status Planner::Impl::Enter(Batch batch) {
 
   // Nothing of the planner's state changes before the batch is known to be good.
   std::vector<absl::Status> errors(static_cast<size_t>(trainers_ * tables_));
-  ForEachTrainerTable(trainers_, tables_, [&](int t, int tb) {
+  ForEachTrainerTable(trainers_, table_order_, [&](int t, int tb) {
     errors[static_cast<size_t>(tb * trainers_ + t)] = Validate(t, tb, batch, k);
   });
   for (const absl::Status& status : errors) RETURN_IF_ERROR(status);
   const bool device = options_.policy == CachePolicy::kDevice;
-  ForEachTrainerTable(trainers_, tables_, [&](int t, int tb) {
+  ForEachTrainerTable(trainers_, table_order_, [&](int t, int tb) {
     if (device) {
       Dedup(t, tb, batch, wb);
     } else {
@@ -384,7 +400,7 @@ absl::Status Planner::Impl::Enter(Batch batch) {
     slice.plan.unique_rows.resize(static_cast<size_t>(total));
     slice.plan.unique_slots.resize(static_cast<size_t>(total));
   }
-  ForEachTrainerTable(trainers_, tables_, [&](int t, int tb) {
+  ForEachTrainerTable(trainers_, table_order_, [&](int t, int tb) {
     TrainerSlice& slice = wb.trainers[t];
     const Segment& seg = slice.tables[tb];
     std::copy(seg.rows.begin(), seg.rows.end(), slice.plan.unique_rows.begin() + seg.first_unique);
@@ -496,19 +512,14 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
   const size_t stride = track.next_stride;
   const int64_t window_size = static_cast<int64_t>(window_.size());
   const int64_t k_slot = k % window_size;
-  constexpr int64_t kAhead = 32;
-  for (int64_t j = begin; j < end; ++j) {
-    if (j + kAhead < end) rows.Prefetch(ids[j + kAhead]);
-    const int64_t id = ids[j];
-    bool inserted;
-    TrainerRow& row = rows.FindOrInsert(id, &inserted);
-    if (inserted) rows.CountInsert();
+  // The work of one id given its record; `row` was absent iff !row.present().
+  auto visit = [&](int64_t j, TrainerRow & row) __attribute__((always_inline)) {
     int32_t pos;
     if (row.last_occ == k32) {
       pos = row.last_pos;  // a repeated id of this segment
     } else {
       pos = static_cast<int32_t>(seg.rows.size());
-      seg.rows.push_back(base + static_cast<RowId>(id));
+      seg.rows.push_back(base + static_cast<RowId>(ids[j]));
       if (row.last_occ >= next_plan_) {
         // The window slot of last_occ, without a division: k - last_occ < window_.size().
         int64_t w = k_slot - (k32 - row.last_occ);
@@ -521,6 +532,26 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
       row.last_pos = pos;
     }
     if (out != nullptr) out[j - begin] = static_cast<uint32_t>(pos);
+  };
+  constexpr int64_t kAhead = 32;
+  if (rows.dense()) {
+    // Most tables are small and dense: the loop without hashing or form tests, prefetching only
+    // when the records outgrow the caches.
+    const bool prefetch = options_.schema.table_rows[table] > kDenseNoPrefetchRows;
+    int64_t inserts = 0;
+    for (int64_t j = begin; j < end; ++j) {
+      if (prefetch && j + kAhead < end) __builtin_prefetch(&rows.DenseRecord(ids[j + kAhead]));
+      TrainerRow& row = rows.DenseRecord(ids[j]);
+      inserts += row.present() ? 0 : 1;
+      visit(j, row);
+    }
+    rows.CountInserts(inserts);
+  } else {
+    for (int64_t j = begin; j < end; ++j) {
+      if (j + kAhead < end) rows.Prefetch(ids[j + kAhead]);
+      bool inserted;
+      visit(j, rows.FindOrInsert(ids[j], &inserted));
+    }
   }
   for (int k = 0; k < pending_count; ++k) {
     const PendingLink& p = pending[(pending_head + k) % kDelay];
@@ -599,7 +630,7 @@ absl::Status Planner::Impl::PlanNext() {
     ForEach(tables_, [&](int tb) { PlanDevice(tb, i); });
     lap(PlannerPhase::kConsistency);
   } else {
-    ForEachTrainerTable(trainers_, tables_, [&](int t, int tb) { Classify(t, tb, i); });
+    ForEachTrainerTable(trainers_, table_order_, [&](int t, int tb) { Classify(t, tb, i); });
     lap(PlannerPhase::kClassify);
     std::vector<uint8_t> ok(trainers_, 1);
     ForEach(trainers_, [&](int t) { ok[t] = SelectVictims(t, i); });
@@ -609,10 +640,29 @@ absl::Status Planner::Impl::PlanNext() {
                                                 ": the eviction queues ran out of victims"));
       }
     }
+    bool runs = false;
+    for (const TrainerSlice& slice : wb.trainers) {
+      for (const Segment& seg : slice.tables) runs |= !seg.victim_runs.empty();
+    }
+    if (runs) {
+      std::vector<uint8_t> popped(static_cast<size_t>(trainers_ * tables_), 1);
+      ForEachTrainerTable(trainers_, table_order_, [&](int t, int tb) {
+        popped[static_cast<size_t>(t * tables_ + tb)] = Evict(t, tb, i);
+      });
+      for (int t = 0; t < trainers_ * tables_; ++t) {
+        if (!popped[t]) {
+          return absl::InternalError(
+              absl::StrCat("iteration ", i, ", trainer ", t / tables_, ", table ",
+                           options_.schema.table_names[t % tables_],
+                           ": the eviction queue holds fewer rows than counted"));
+        }
+      }
+    }
     lap(PlannerPhase::kVictims);
-    ForEachTrainerTable(trainers_, tables_, [&](int t, int tb) { Apply(t, tb, i); });
+    ForEachTrainerTable(trainers_, table_order_, [&](int t, int tb) { Apply(t, tb, i); });
     lap(PlannerPhase::kApply);
-    if (trainers_ > 1) ForEach(tables_, [&](int tb) { Consistency(tb, i); });
+    if (trainers_ > 1)
+      ForEachTrainerTable(1, table_order_, [&](int, int tb) { Consistency(tb, i); });
     lap(PlannerPhase::kConsistency);
   }
   // Flushes land in plans of earlier (unreleased) iterations, appended in table order.

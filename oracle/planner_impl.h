@@ -20,7 +20,9 @@
 //                                   links, queue moves of revived rows (kDevice: Dedup)
 // Planning iteration i:
 //   Classify      (trainer, table)  hits and misses of D_t(i)
-//   SelectVictims (trainer)         victims in eviction order, slots for the fills
+//   SelectVictims (trainer)         victims in eviction order, slots for the fills (how many
+//                                   rows each queue gives up, from its live counts)
+//   Evict         (trainer, table)  pops those rows from the table's queue
 //   Apply         (trainer, table)  record updates, slot assignment, queue the rows of D_t(i);
 //                                   with one trainer also write-back stamps and fill stamps
 //   Consistency   (table)           several trainers: write-back owners, flushes, fill stamps,
@@ -75,7 +77,10 @@ struct Segment {
   std::vector<int32_t> uses;    // kLfu: each row's use count including this use
   std::vector<int32_t> misses;  // positions of rows that are not resident
   std::vector<Victim> victims;  // rows of this table the trainer evicts
-  int32_t first_fill = 0;       // index of misses[0] in the plan's fills
+  // kOracle, kLru: the rows the table's queue gives up, as runs (first position in the
+  // eviction order, count) in queue order; SelectVictims decides them and Evict pops them.
+  std::vector<std::pair<int64_t, int64_t>> victim_runs;
+  int32_t first_fill = 0;  // index of misses[0] in the plan's fills
 };
 
 struct TrainerSlice {
@@ -134,8 +139,10 @@ struct TrainerCache {
   int64_t resident = 0;
   std::vector<TableTrack> tables;
   std::vector<SlotId> off_resident;  // kOff: the slots filled at the last iteration
-  // SelectVictims scratch: the slot of every fill, in fill order.
+  // SelectVictims scratch: the slot of every fill, in fill order; a cursor per table into the
+  // queue's live counts.
   std::vector<SlotId> fill_slots;
+  std::vector<size_t> key_cursor;
 };
 
 // Cross-trainer state of a row (several trainers).
@@ -267,6 +274,9 @@ class Planner::Impl {
   void Classify(int trainer, int table, Iteration i);
   // Returns false if the queues hold fewer victims than needed (an internal error).
   bool SelectVictims(int trainer, Iteration i);
+  // Pops the queue victims SelectVictims assigned to `table` (kOracle, kLru); false if the queue
+  // holds fewer than its live counts said (an internal error).
+  bool Evict(int trainer, int table, Iteration i);
   void Apply(int trainer, int table, Iteration i);
   void Revive(oracle_internal::TrainerCache& cache, oracle_internal::TableTrack& track,
               const oracle_internal::TrainerRow& row, Iteration next_use);
@@ -291,6 +301,7 @@ class Planner::Impl {
   int64_t horizon_ = kDefaultWritebackHorizon;
   int64_t capacity_ = 0;
   std::vector<RowId> table_offsets_;
+  std::vector<int> table_order_;  // tables by row count, largest first (the order of parallel work)
 
   std::vector<WindowBatch> window_;
   Iteration pushed_ = 0;        // batches entered

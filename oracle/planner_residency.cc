@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <deque>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -24,7 +26,7 @@ using oracle_internal::TrainerSlice;
 
 namespace {
 
-// Eviction order of the queue heads: fewer uses (kLfu; 0 otherwise), then least recent use.
+// kLfu: eviction order of the queue heads: fewer uses, then least recent use.
 using QueueKey = std::pair<int64_t, Iteration>;
 
 constexpr int32_t kAhead = 16;  // records prefetched ahead in the hot loops
@@ -33,15 +35,16 @@ constexpr int32_t kAhead = 16;  // records prefetched ahead in the hot loops
 
 void Planner::Impl::Revive(TrainerCache& cache, TableTrack& track, const TrainerRow& row,
                            Iteration next_use) {
+  // A queued row entered its queue at its last use (Apply), which is still row.last_occ.
   SlotState& state = cache.slots[row.slot];
   if (state.queued) {
     state.queued = 0;
     if (options_.policy == CachePolicy::kLfu) {
       auto it = track.lfu.find(row.uses);
-      it->second.Unlink();
+      it->second.Unlink(row.last_occ);
       if (it->second.empty()) track.lfu.erase(it);
     } else {
-      track.lru.Unlink();
+      track.lru.Unlink(row.last_occ);
     }
   }
   track.buckets[static_cast<size_t>(next_use % static_cast<Iteration>(track.buckets.size()))]
@@ -53,6 +56,7 @@ void Planner::Impl::Classify(int trainer, int table, Iteration i) {
   TableTrack& track = caches_[trainer].tables[table];
   seg.misses.clear();
   seg.victims.clear();
+  seg.victim_runs.clear();
   const int32_t n = static_cast<int32_t>(seg.rows.size());
   seg.slots.resize(static_cast<size_t>(n));
   if (options_.policy == CachePolicy::kOff) {
@@ -111,49 +115,80 @@ bool Planner::Impl::SelectVictims(int trainer, Iteration i) {
   } else {
     int64_t need = c.resident + misses - capacity_;
     const bool lfu = options_.policy == CachePolicy::kLfu;
-    // The head of a table's queue of rows with no known next use, or nullopt.
+    // kLfu: the head of a table's queues of rows with no known next use, or nullopt.
     auto head = [&](int table) -> std::optional<QueueKey> {
       TableTrack& track = c.tables[table];
-      if (lfu) {
-        while (!track.lfu.empty()) {
-          auto it = track.lfu.begin();
-          if (const QueueEntry* e = it->second.Front(slots))
-            return QueueKey{it->first, e->last_use};
-          track.lfu.erase(it);
-        }
-        return std::nullopt;
+      while (!track.lfu.empty()) {
+        auto it = track.lfu.begin();
+        if (const QueueEntry* e = it->second.Front(slots)) return QueueKey{it->first, e->last_use};
+        track.lfu.erase(it);
       }
-      if (const QueueEntry* e = track.lru.Front(slots)) return QueueKey{0, e->last_use};
       return std::nullopt;
     };
     auto pop = [&](int table) {
       TableTrack& track = c.tables[table];
-      EvictionQueue& queue = lfu ? track.lfu.begin()->second : track.lru;
+      EvictionQueue& queue = track.lfu.begin()->second;
       const SlotId slot = queue.Front(slots)->slot;
       queue.PopFront();
-      if (lfu && queue.empty()) track.lfu.erase(track.lfu.begin());
+      if (queue.empty()) track.lfu.erase(track.lfu.begin());
       slots[slot].queued = 0;
       add_victim(slot, table);
     };
     // Rows with no known next use, in key order across tables (ties: lower table first).
-    while (need > 0) {
-      int best_table = -1;
-      QueueKey best{};
-      for (int tb = 0; tb < tables_; ++tb) {
-        const std::optional<QueueKey> key = head(tb);
-        if (key && (best_table < 0 || *key < best)) {
-          best = *key;
-          best_table = tb;
+    if (lfu) {
+      while (need > 0) {
+        int best_table = -1;
+        QueueKey best{};
+        for (int tb = 0; tb < tables_; ++tb) {
+          const std::optional<QueueKey> key = head(tb);
+          if (key && (best_table < 0 || *key < best)) {
+            best = *key;
+            best_table = tb;
+          }
+        }
+        if (best_table < 0) break;
+        for (int tb = best_table; tb < tables_ && need > 0; ++tb) {
+          while (need > 0) {
+            const std::optional<QueueKey> key = head(tb);
+            if (!key || *key != best) break;
+            pop(tb);
+            --need;
+          }
         }
       }
-      if (best_table < 0) break;
-      for (int tb = best_table; tb < tables_ && need > 0; ++tb) {
-        while (need > 0) {
-          const std::optional<QueueKey> key = head(tb);
-          if (!key || *key != best) break;
-          pop(tb);
-          --need;
+    } else {
+      // Only decide here how many rows each table's queue gives up and where they go in the
+      // eviction order (from the queues' live counts per last use); Evict pops them, one task
+      // per table.
+      std::vector<size_t>& cursor = c.key_cursor;
+      cursor.assign(static_cast<size_t>(tables_), 0);
+      int64_t position = 0;
+      while (need > 0) {
+        Iteration best = std::numeric_limits<Iteration>::max();
+        for (int tb = 0; tb < tables_; ++tb) {
+          const std::deque<oracle_internal::KeyCount>& keys = c.tables[tb].lru.keys();
+          size_t& k = cursor[static_cast<size_t>(tb)];
+          while (k < keys.size() && keys[k].count == 0) ++k;
+          if (k < keys.size()) best = std::min(best, keys[k].last_use);
         }
+        if (best == std::numeric_limits<Iteration>::max()) break;
+        for (int tb = 0; tb < tables_ && need > 0; ++tb) {
+          const std::deque<oracle_internal::KeyCount>& keys = c.tables[tb].lru.keys();
+          size_t& k = cursor[static_cast<size_t>(tb)];
+          if (k == keys.size() || keys[k].last_use != best) continue;
+          const int64_t take = std::min(keys[k].count, need);
+          slice.tables[tb].victim_runs.push_back({position, take});
+          position += take;
+          need -= take;
+          ++k;
+        }
+      }
+      plan.extract.resize(static_cast<size_t>(position));
+      c.fill_slots.resize(static_cast<size_t>(position));
+      for (Segment& seg : slice.tables) {
+        int64_t taken = 0;
+        for (const auto& [first, count] : seg.victim_runs) taken += count;
+        seg.victims.resize(static_cast<size_t>(taken));  // Evict fills them in
       }
     }
     // Rows whose next use is known, furthest first (kOracle).
@@ -183,6 +218,31 @@ bool Planner::Impl::SelectVictims(int trainer, Iteration i) {
   while (static_cast<int64_t>(c.fill_slots.size()) < misses) {
     c.fill_slots.push_back(c.free_slots.back());
     c.free_slots.pop_back();
+  }
+  return true;
+}
+
+bool Planner::Impl::Evict(int trainer, int table, Iteration i) {
+  TrainerCache& c = caches_[trainer];
+  TrainerSlice& slice = window(i).trainers[trainer];
+  Segment& seg = slice.tables[table];
+  EvictionQueue& queue = c.tables[table].lru;
+  SlotState* slots = c.slots.data();
+  const bool write_back = trainers_ == 1;
+  size_t v = 0;
+  for (const auto& [first, count] : seg.victim_runs) {
+    for (int64_t k = first; k < first + count; ++k) {
+      const QueueEntry* e = queue.Front(slots);
+      if (e == nullptr) return false;
+      const SlotId slot = e->slot;
+      queue.PopFront();
+      SlotState& state = slots[slot];
+      state.queued = 0;
+      seg.victims[v++] = {slot, kNoHandle, static_cast<int32_t>(k)};
+      slice.plan.extract[static_cast<size_t>(k)] = {slot, state.row, /*evict=*/true, write_back};
+      state.table = -1;
+      c.fill_slots[static_cast<size_t>(k)] = slot;
+    }
   }
   return true;
 }
