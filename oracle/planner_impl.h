@@ -77,6 +77,7 @@ struct Segment {
   std::vector<int32_t> uses;    // kLfu: each row's use count including this use
   std::vector<int32_t> misses;  // positions of rows that are not resident
   std::vector<Victim> victims;  // rows of this table the trainer evicts
+  std::vector<int32_t> idle;    // positions of rows with no next use in the window (Apply)
   // kOracle, kLru: the rows the table's queue gives up, as runs (first position in the
   // eviction order, count) in queue order; SelectVictims decides them and Evict pops them.
   std::vector<std::pair<int64_t, int64_t>> victim_runs;

@@ -313,6 +313,7 @@ void Planner::Impl::Apply(int trainer, int table, Iteration i) {
   for (size_t j = 0; j < misses; ++j) {
     if (j + kAhead < misses) {
       track.rows.Prefetch(static_cast<int64_t>(seg.rows[seg.misses[j + kAhead]] - base));
+      __builtin_prefetch(slots + c.fill_slots[static_cast<size_t>(seg.first_fill) + j + kAhead], 1);
     }
     const int32_t p = seg.misses[j];
     const size_t fill = static_cast<size_t>(seg.first_fill) + j;
@@ -334,16 +335,26 @@ void Planner::Impl::Apply(int trainer, int table, Iteration i) {
   const Iteration ring = static_cast<Iteration>(track.buckets.size());
   const Iteration i_slot = i % ring;
   const int32_t* next = NextUses(track, i);
+  // Rows used again in the window go to the bucket of their next use; the others join the queue
+  // of evictable rows, in a second pass that prefetches their slot states (random accesses)
+  // a fixed distance ahead.
+  std::vector<int32_t>& idle = seg.idle;
+  idle.clear();
   for (int32_t p = 0; p < n; ++p) {
-    const SlotId slot = seg.slots[p];
     if (next[p] > 0) {
       // (i + next[p]) % ring without a division: next[p] < lookahead_ < ring.
       Iteration b = i_slot + next[p];
       if (b >= ring) b -= ring;
-      track.buckets[static_cast<size_t>(b)].push_back(slot);
-      continue;
+      track.buckets[static_cast<size_t>(b)].push_back(seg.slots[p]);
+    } else {
+      idle.push_back(p);
     }
-    if (p + kAhead < n) __builtin_prefetch(slots + seg.slots[p + kAhead], 1);
+  }
+  const size_t idle_count = idle.size();
+  for (size_t k = 0; k < idle_count; ++k) {
+    if (k + kAhead < idle_count) __builtin_prefetch(slots + seg.slots[idle[k + kAhead]], 1);
+    const int32_t p = idle[k];
+    const SlotId slot = seg.slots[p];
     SlotState& state = slots[slot];
     const uint32_t version = ++state.version;
     state.queued = 1;
