@@ -103,6 +103,10 @@ void Planner::Impl::Consistency(int table, Iteration i) {
       if (handle_ref == kNoHandle) {
         handle_ref = gt.rows.Allocate();
         gt.rows[handle_ref].id = id;
+        const size_t need = gt.rows.capacity() * static_cast<size_t>(trainers_);
+        if (gt.holder_slots.size() < need) {
+          gt.holder_slots.resize(std::max(need, 2 * gt.holder_slots.size()), kNoSlot);
+        }
       }
       const uint32_t handle = handle_ref;
       GlobalRow& g = gt.rows[handle];
@@ -117,7 +121,8 @@ void Planner::Impl::Consistency(int table, Iteration i) {
             g.shared_iter == g.last_touch) {
           ++at;
         }
-        const SlotId owner_slot = caches_[owner].tables[table].rows.Find(id)->slot;
+        const SlotId owner_slot =
+            gt.holder_slots[static_cast<size_t>(handle) * trainers_ + static_cast<size_t>(owner)];
         sync.flushes.push_back({owner, at,
                                 Extraction{owner_slot, row, /*evict=*/false,
                                            /*write_back=*/true}});
@@ -128,6 +133,8 @@ void Planner::Impl::Consistency(int table, Iteration i) {
       slice.plan.fills[static_cast<size_t>(seg.first_fill) + j].after_stamp =
           g.write_back >= i - horizon_ ? g.write_back : -1;
       g.holders |= Bit(t);
+      gt.holder_slots[static_cast<size_t>(handle) * trainers_ + static_cast<size_t>(t)] =
+          seg.slots[static_cast<size_t>(p)];
     }
   }
 
@@ -166,37 +173,35 @@ void Planner::Impl::Consistency(int table, Iteration i) {
   sync.shared_sorted.clear();
   for (uint32_t handle : sync.touched) {
     const GlobalRow& g = gt.rows[handle];
-    if (std::popcount(g.holders) >= 2) sync.shared_sorted.emplace_back(g.id, handle);
+    // At least two holders (no POPCNT in the baseline instruction set).
+    if ((g.holders & (g.holders - 1)) != 0) sync.shared_sorted.emplace_back(g.id, handle);
   }
   // Row ids are distinct: sorting the pairs orders the handles by id.
   std::sort(sync.shared_sorted.begin(), sync.shared_sorted.end());
   for (const auto& [id, handle] : sync.shared_sorted) sync.shared_rows.push_back(handle);
   sync.shared_count = static_cast<int64_t>(sync.shared_rows.size());
   wb.now[static_cast<size_t>(table)].assign(sync.shared_rows.size(), 0);
+  const size_t trainers = static_cast<size_t>(trainers_);
   for (size_t q = 0; q < sync.shared_rows.size(); ++q) {
     if (q + kAhead < sync.shared_rows.size()) {
-      const GlobalRow& ahead = gt.rows[sync.shared_rows[q + kAhead]];
-      for (uint64_t holders = ahead.holders & ~ahead.touchers; holders != 0;
-           holders &= holders - 1) {
-        caches_[std::countr_zero(holders)].tables[table].rows.Prefetch(ahead.id);
-      }
+      const uint32_t ahead = sync.shared_rows[q + kAhead];
+      __builtin_prefetch(&gt.rows[ahead], 1);
+      __builtin_prefetch(&gt.holder_slots[ahead * trainers]);
     }
-    GlobalRow& g = gt.rows[sync.shared_rows[q]];
+    const uint32_t handle = sync.shared_rows[q];
+    GlobalRow& g = gt.rows[handle];
     g.shared_iter = i;
     g.shared_index = static_cast<int32_t>(q);
     const RowId row = base + static_cast<RowId>(g.id);
+    const SlotId* slots = &gt.holder_slots[handle * trainers];
     for (uint64_t holders = g.holders; holders != 0; holders &= holders - 1) {
       const int h = std::countr_zero(holders);
-      // A toucher's slot and position are in its Segment; other holders' in their records.
-      SlotId slot;
+      const SlotId slot = slots[h];
+      // A toucher's position is in its Segment.
       int32_t own = -1;
       if ((g.touchers & Bit(h)) != 0) {
-        const Segment& seg = wb.trainers[h].tables[table];
-        const int32_t p = sync.touch_pos[static_cast<size_t>(g.touch_index) * trainers_ + h];
-        slot = seg.slots[static_cast<size_t>(p)];
-        own = seg.first_unique + p;
-      } else {
-        slot = caches_[h].tables[table].rows.Find(g.id)->slot;
+        own = wb.trainers[h].tables[table].first_unique +
+              sync.touch_pos[static_cast<size_t>(g.touch_index) * trainers_ + h];
       }
       std::vector<SharedOut>& out = sync.shared[h];
       const int32_t local = static_cast<int32_t>(out.size());

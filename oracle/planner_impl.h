@@ -224,6 +224,10 @@ struct TableSync {
 struct GlobalTable {
   RowIndex index;
   Slab<GlobalRow> rows;
+  // The slot of each (row, holder): [handle * trainers + t], valid while t holds the row (set at
+  // its fill). Lets the shared-row lists name every holder's slot without a random lookup in
+  // each holder's row records.
+  HugeVector<SlotId> holder_slots;
   std::deque<Expiry> expiry;
   std::vector<uint64_t> device_dirty;  // kDevice: bitmap of rows ever touched
 };

@@ -226,6 +226,8 @@ class Slab {
   T& operator[](uint32_t handle) { return items_[handle]; }
   const T& operator[](uint32_t handle) const { return items_[handle]; }
   int64_t live() const { return live_; }
+  // Handles ever allocated: every handle is below this.
+  size_t capacity() const { return items_.size(); }
 
  private:
   HugeVector<T> items_;
