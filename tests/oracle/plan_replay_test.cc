@@ -32,6 +32,7 @@ struct Case {
   double alpha;
   int max_pooling;
   uint64_t seed;
+  int64_t id_scale = 1;  // TraceSpec::id_scale
 };
 
 std::string Name(const Case& c) {
@@ -53,6 +54,7 @@ void Replay(const Case& c, bool build_batch = true) {
   spec.alpha = c.alpha;
   spec.max_pooling = c.max_pooling;
   spec.seed = c.seed;
+  spec.id_scale = c.id_scale;
   const std::vector<Batch> trace = MakeTrace(spec);
   const Schema schema = TraceSchema(spec);
 
@@ -140,6 +142,16 @@ TEST(PlanReplayTest, ShortHorizonsForgetStampsExactly) {
       Replay({CachePolicy::kOracle, trainers, 2, 5, 2, horizon, 1.2, 1, seed++});
       if (HasFailure()) return;
     }
+  }
+}
+
+// Row ids past 2^32: tables of billions of rows, sparsely used (hashed row records, 64-bit ids
+// through the plans and the shared-row ordering).
+TEST(PlanReplayTest, IdsBeyond32Bits) {
+  uint64_t seed = 600;
+  for (int trainers : {2, 3}) {
+    Replay({CachePolicy::kOracle, trainers, 4, 6, 2, 6, 1.1, 2, seed++, int64_t{1} << 24});
+    Replay({CachePolicy::kLru, trainers, 2, 1, 2, 5, 1.05, 1, seed++, int64_t{1} << 24});
   }
 }
 

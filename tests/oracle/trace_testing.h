@@ -28,6 +28,8 @@ struct TraceSpec {
   int max_pooling = 1;
   // The last batch has this many samples when > 0 (a partial final batch).
   int last_batch_size = 0;
+  // Ids and table sizes are multiplied by this: sparse ids in huge tables (ids past 2^32).
+  int64_t id_scale = 1;
   uint64_t seed = 1;
 };
 
@@ -37,7 +39,7 @@ inline Schema TraceSchema(const TraceSpec& spec) {
   for (size_t t = 0; t < spec.table_rows.size(); ++t) {
     schema.table_names.push_back("t" + std::to_string(t));
   }
-  schema.table_rows = spec.table_rows;
+  for (int64_t rows : spec.table_rows) schema.table_rows.push_back(rows * spec.id_scale);
   return schema;
 }
 
@@ -89,7 +91,7 @@ inline std::vector<Batch> MakeTrace(const TraceSpec& spec) {
             spec.max_pooling == 1 ? 1 : static_cast<int>(rng.NextBelow(spec.max_pooling + 1));
         for (int k = 0; k < bag; ++k) {
           const int64_t rank = samplers[t].Sample(rng);
-          batch.ids.push_back((rank * 7919 + 13) % rows);
+          batch.ids.push_back((rank * 7919 + 13) % rows * spec.id_scale);
         }
         batch.offsets.push_back(static_cast<int64_t>(batch.ids.size()));
       }
