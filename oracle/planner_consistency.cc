@@ -74,7 +74,7 @@ void Planner::Impl::Consistency(int table, Iteration i) {
       const uint64_t remaining = g.holders & ~g.evicting;
       if (remaining == 0 && g.dirty) {
         plan.extract[static_cast<size_t>(v.extract)].write_back = true;
-        g.write_back = i;
+        g.write_back = static_cast<int32_t>(i);
         g.dirty = false;
         ++sync.write_backs;
       }
@@ -114,7 +114,7 @@ void Planner::Impl::Consistency(int table, Iteration i) {
       seg.globals[static_cast<size_t>(p)] = handle;
       if (g.holders != 0 && g.dirty) {
         const int owner = std::countr_zero(g.holders);
-        Iteration at = std::max(g.last_touch + 1, i - emit_lag_);
+        Iteration at = std::max<Iteration>(g.last_touch + 1, i - emit_lag_);
         // A shared row whose plans of last_touch are already released may still have its
         // exchange in flight at last_touch + 1 (`now` is final): flush one boundary later.
         if (at == g.last_touch + 1 && g.last_touch < next_release_ &&
@@ -126,7 +126,7 @@ void Planner::Impl::Consistency(int table, Iteration i) {
         sync.flushes.push_back({owner, at,
                                 Extraction{owner_slot, row, /*evict=*/false,
                                            /*write_back=*/true}});
-        g.write_back = at;
+        g.write_back = static_cast<int32_t>(at);
         g.dirty = false;
         if (g.shared_iter == at - 1) MarkNow(at - 1, table, g.shared_index);
       }
@@ -155,7 +155,7 @@ void Planner::Impl::Consistency(int table, Iteration i) {
       GlobalRow& g = gt.rows[handle];
       if (!miss && g.shared_iter == i - 1) MarkNow(i - 1, table, g.shared_index);
       if (g.touch_iter != i) {
-        g.touch_iter = i;
+        g.touch_iter = static_cast<int32_t>(i);
         g.touchers = 0;
         g.touch_index = static_cast<int32_t>(sync.touched.size());
         sync.touched.push_back(handle);
@@ -163,7 +163,7 @@ void Planner::Impl::Consistency(int table, Iteration i) {
       }
       sync.touch_pos[static_cast<size_t>(g.touch_index) * trainers_ + t] = p;
       g.touchers |= Bit(t);
-      g.last_touch = i;
+      g.last_touch = static_cast<int32_t>(i);
       g.dirty = true;
       if (g.holders == Bit(t)) private_rows.push_back(seg.first_unique + p);
     }
@@ -190,7 +190,7 @@ void Planner::Impl::Consistency(int table, Iteration i) {
     }
     const uint32_t handle = sync.shared_rows[q];
     GlobalRow& g = gt.rows[handle];
-    g.shared_iter = i;
+    g.shared_iter = static_cast<int32_t>(i);
     g.shared_index = static_cast<int32_t>(q);
     const RowId row = base + static_cast<RowId>(g.id);
     const SlotId* slots = &gt.holder_slots[handle * trainers];

@@ -146,21 +146,23 @@ struct TrainerCache {
   std::vector<size_t> key_cursor;
 };
 
-// Cross-trainer state of a row (several trainers).
+// Cross-trainer state of a row (several trainers). Iterations fit in 31 bits (Planner::Enter),
+// so the record is one 64-byte cache line (in a Slab large enough for huge pages, line-aligned).
 struct GlobalRow {
   int64_t id = -1;  // row within the table; -1 = free record
   uint64_t holders = 0;
   uint64_t evicting = 0;  // scratch: trainers evicting it at the boundary being planned
   uint64_t touchers = 0;  // trainers touching it at touch_iter
-  Iteration last_touch = -1;
-  Iteration write_back = -1;  // latest write-back stamp; -1 = none known
-  Iteration touch_iter = -1;
+  int32_t last_touch = -1;
+  int32_t write_back = -1;  // latest write-back stamp; -1 = none known
+  int32_t touch_iter = -1;
   // Latest iteration it was a shared row (never equal to i - 1 or g - 1 for a real iteration).
-  Iteration shared_iter = std::numeric_limits<Iteration>::min();
+  int32_t shared_iter = std::numeric_limits<int32_t>::min();
   int32_t shared_index = 0;  // its index in WindowBatch::now[table] of shared_iter
   int32_t touch_index = 0;   // its index in TableSync::touched of touch_iter
   bool dirty = false;
 };
+static_assert(sizeof(GlobalRow) == 64);
 
 struct Expiry {
   Iteration pushed;
