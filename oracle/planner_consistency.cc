@@ -170,15 +170,40 @@ void Planner::Impl::Consistency(int table, Iteration i) {
   }
 
   // d. Shared rows: touched and held by at least two trainers, in RowId order.
-  sync.shared_sorted.clear();
-  for (uint32_t handle : sync.touched) {
-    const GlobalRow& g = gt.rows[handle];
-    // At least two holders (no POPCNT in the baseline instruction set).
-    if ((g.holders & (g.holders - 1)) != 0) sync.shared_sorted.emplace_back(g.id, handle);
+  // At least two holders (no POPCNT in the baseline instruction set).
+  auto shared = [](const GlobalRow& g) { return (g.holders & (g.holders - 1)) != 0; };
+  if (gt.index.dense()) {
+    // Tables small enough for a direct index: mark the shared ids in a bitmap and read them back
+    // in order (a scan of at most table_rows / 64 words instead of a sort), clearing the bits.
+    std::vector<uint64_t>& bits = sync.shared_bits;
+    bits.resize(static_cast<size_t>(options_.schema.table_rows[table] + 63) / 64, 0);
+    size_t first = bits.size();
+    size_t last = 0;
+    for (uint32_t handle : sync.touched) {
+      const GlobalRow& g = gt.rows[handle];
+      if (!shared(g)) continue;
+      const size_t w = static_cast<size_t>(g.id) / 64;
+      bits[w] |= uint64_t{1} << (g.id % 64);
+      first = std::min(first, w);
+      last = std::max(last, w);
+    }
+    for (size_t w = first; w <= last && w < bits.size(); ++w) {
+      for (uint64_t word = bits[w]; word != 0; word &= word - 1) {
+        const int64_t id = static_cast<int64_t>(w * 64) + std::countr_zero(word);
+        sync.shared_rows.push_back(gt.index.Find(id));
+      }
+      bits[w] = 0;
+    }
+  } else {
+    sync.shared_sorted.clear();
+    for (uint32_t handle : sync.touched) {
+      const GlobalRow& g = gt.rows[handle];
+      if (shared(g)) sync.shared_sorted.emplace_back(g.id, handle);
+    }
+    // Row ids are distinct: sorting the pairs orders the handles by id.
+    std::sort(sync.shared_sorted.begin(), sync.shared_sorted.end());
+    for (const auto& [id, handle] : sync.shared_sorted) sync.shared_rows.push_back(handle);
   }
-  // Row ids are distinct: sorting the pairs orders the handles by id.
-  std::sort(sync.shared_sorted.begin(), sync.shared_sorted.end());
-  for (const auto& [id, handle] : sync.shared_sorted) sync.shared_rows.push_back(handle);
   sync.shared_count = static_cast<int64_t>(sync.shared_rows.size());
   wb.now[static_cast<size_t>(table)].assign(sync.shared_rows.size(), 0);
   const size_t trainers = static_cast<size_t>(trainers_);

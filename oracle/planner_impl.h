@@ -192,8 +192,10 @@ struct TableSync {
   // Per touched row, per trainer: the row's position in the trainer's Segment, or -1.
   std::vector<int32_t> touch_pos;
   std::vector<uint32_t> shared_rows;  // GlobalRow handles of the shared rows
-  // Scratch: (row id, handle) of the shared rows, to sort them by id.
+  // Scratch to order the shared rows by id: (row id, handle) pairs to sort (hashed index), or
+  // a bitmap over the table's rows (direct index; all zero between iterations).
   std::vector<std::pair<int64_t, uint32_t>> shared_sorted;
+  std::vector<uint64_t> shared_bits;
   // kDevice scratch.
   BatchDedup dedup;
   std::vector<int64_t> ids;

@@ -191,6 +191,7 @@ class RowIndex {
   }
   void Erase(int64_t id) { table_.Erase(id); }
   void Prefetch(int64_t id) const { table_.Prefetch(id); }
+  bool dense() const { return table_.dense(); }
 
  private:
   // A dense slot holding kNoHandle counts as absent; FindOrInsert's caller stores a handle.
