@@ -46,6 +46,9 @@ constexpr std::string_view kPhaseNames[kNumPlannerPhases] = {
 // prefetch their records.
 constexpr int64_t kDenseNoPrefetchRows = 1024;
 
+// Revivals whose slot states Link prefetches ahead.
+constexpr size_t kRevivalsAhead = 8;
+
 // Runs body(trainer, table) for every pair, in parallel. Workers take the pairs one at a time in
 // the order of `tables` (largest first: longest-processing-time-first scheduling), so that a few
 // big tables do not end up together at the end of one worker's share.
@@ -476,6 +479,7 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
   TrainerCache& cache = caches_[trainer];
   TableTrack& track = cache.tables[table];
   seg.rows.clear();
+  seg.revived.clear();
   const ShardRange range = ShardOf(batch.num_samples, trainers_, trainer);
   const int64_t* offsets = batch.offsets.data() + table * static_cast<int64_t>(batch.num_samples);
   const int64_t begin = offsets[range.begin];
@@ -526,7 +530,7 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
         if (w < 0) w += window_size;
         link(arena + static_cast<size_t>(w) * stride + row.last_pos, k32 - row.last_occ);
       } else if (revive && row.slot != kNoSlot) {
-        Revive(cache, track, row, k);
+        seg.revived.push_back({row.slot, row.last_occ, row.uses});
       }
       row.last_occ = k32;
       row.last_pos = pos;
@@ -556,6 +560,15 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
   for (int k = 0; k < pending_count; ++k) {
     const PendingLink& p = pending[(pending_head + k) % kDelay];
     *p.at = p.distance;
+  }
+  // Revivals after the loop, in id order, prefetching their slot states (random accesses that
+  // stalled the loop when done in place).
+  const size_t revivals = seg.revived.size();
+  for (size_t v = 0; v < revivals; ++v) {
+    if (v + kRevivalsAhead < revivals) {
+      __builtin_prefetch(cache.slots.data() + seg.revived[v + kRevivalsAhead].slot, 1);
+    }
+    Revive(cache, track, seg.revived[v], k);
   }
   // This segment's own next-use distances start unknown.
   ReserveNextUses(trainer, table, seg.rows.size());

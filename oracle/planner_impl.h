@@ -62,6 +62,14 @@ struct Victim {
   int32_t extract;  // index in the trainer's plan.extract (which names the row)
 };
 
+// A resident row with no use left in the window that a new batch uses again (Link): it leaves
+// its eviction queue for the next-use bucket of that batch.
+struct Revival {
+  SlotId slot;
+  int32_t last_occ;  // its last use, at which it entered its queue
+  int32_t uses;      // kLfu: its use count (the queue it is in)
+};
+
 // One trainer's distinct rows of one table in one window batch.
 struct Segment {
   std::vector<RowId> rows;  // first-occurrence order
@@ -74,10 +82,11 @@ struct Segment {
   std::vector<SlotId> slots;  // resident slot of each row at Classify (kNoSlot: miss)
   // Several trainers: each row's GlobalRow (set by Classify for hits, Consistency for fills).
   std::vector<uint32_t> globals;
-  std::vector<int32_t> uses;    // kLfu: each row's use count including this use
-  std::vector<int32_t> misses;  // positions of rows that are not resident
-  std::vector<Victim> victims;  // rows of this table the trainer evicts
-  std::vector<int32_t> idle;    // positions of rows with no next use in the window (Apply)
+  std::vector<int32_t> uses;     // kLfu: each row's use count including this use
+  std::vector<int32_t> misses;   // positions of rows that are not resident
+  std::vector<Victim> victims;   // rows of this table the trainer evicts
+  std::vector<int32_t> idle;     // positions of rows with no next use in the window (Apply)
+  std::vector<Revival> revived;  // Link scratch, in id order
   // kOracle, kLru: the rows the table's queue gives up, as runs (first position in the
   // eviction order, count) in queue order; SelectVictims decides them and Evict pops them.
   std::vector<std::pair<int64_t, int64_t>> victim_runs;
@@ -288,7 +297,7 @@ class Planner::Impl {
   bool Evict(int trainer, int table, Iteration i);
   void Apply(int trainer, int table, Iteration i);
   void Revive(oracle_internal::TrainerCache& cache, oracle_internal::TableTrack& track,
-              const oracle_internal::TrainerRow& row, Iteration next_use);
+              const oracle_internal::Revival& row, Iteration next_use);
   void ExpireRecords(int table, Iteration i);
   std::vector<TrainerPlan> DrainCaches();
 

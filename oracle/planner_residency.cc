@@ -17,6 +17,7 @@ namespace bagpipe {
 using oracle_internal::EvictionQueue;
 using oracle_internal::kNoHandle;
 using oracle_internal::QueueEntry;
+using oracle_internal::Revival;
 using oracle_internal::Segment;
 using oracle_internal::SlotState;
 using oracle_internal::TableTrack;
@@ -33,9 +34,8 @@ constexpr int32_t kAhead = 16;  // records prefetched ahead in the hot loops
 
 }  // namespace
 
-void Planner::Impl::Revive(TrainerCache& cache, TableTrack& track, const TrainerRow& row,
+void Planner::Impl::Revive(TrainerCache& cache, TableTrack& track, const Revival& row,
                            Iteration next_use) {
-  // A queued row entered its queue at its last use (Apply), which is still row.last_occ.
   SlotState& state = cache.slots[row.slot];
   if (state.queued) {
     state.queued = 0;
