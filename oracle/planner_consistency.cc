@@ -261,6 +261,16 @@ void Planner::Impl::Assemble(int trainer, Iteration i) {
   }
   std::vector<std::vector<int32_t>> send(static_cast<size_t>(trainers_));
   std::vector<std::vector<int32_t>> recv(static_cast<size_t>(trainers_));
+  // Sized once: these lists hold up to a few hundred thousand entries per iteration.
+  size_t private_total = 0;
+  size_t shared_total = 0;
+  for (const TableSync& sync : sync_) {
+    private_total += sync.private_rows[trainer].size();
+    shared_total += sync.shared[trainer].size();
+  }
+  plan.private_unique.reserve(private_total);
+  plan.shared.reserve(shared_total);
+  slice.shared_flags.reserve(shared_total);
   for (int tb = 0; tb < tables_; ++tb) {
     const TableSync& sync = sync_[tb];
     const std::vector<int32_t>& private_rows = sync.private_rows[trainer];
