@@ -42,10 +42,6 @@ constexpr std::string_view kPhaseNames[kNumPlannerPhases] = {
     "entry", "classify", "victims", "apply", "consistency", "assemble", "release",
 };
 
-// Dense tables up to this many rows (32-byte records: 32 KiB) stay in the caches; Link does not
-// prefetch their records.
-constexpr int64_t kDenseNoPrefetchRows = 1024;
-
 // Revivals whose slot states Link prefetches ahead.
 constexpr size_t kRevivalsAhead = 8;
 
@@ -541,7 +537,7 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
   if (rows.dense()) {
     // Most tables are small and dense: the loop without hashing or form tests, prefetching only
     // when the records outgrow the caches.
-    const bool prefetch = options_.schema.table_rows[table] > kDenseNoPrefetchRows;
+    const bool prefetch = options_.schema.table_rows[table] > oracle_internal::kDenseNoPrefetchRows;
     int64_t inserts = 0;
     for (int64_t j = begin; j < end; ++j) {
       if (prefetch && j + kAhead < end) __builtin_prefetch(&rows.DenseRecord(ids[j + kAhead]));

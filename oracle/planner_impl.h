@@ -55,6 +55,10 @@
 namespace bagpipe {
 namespace oracle_internal {
 
+// Dense tables up to this many rows (32-byte records: 32 KiB) stay in the caches; the loops over
+// their records do not prefetch.
+inline constexpr int64_t kDenseNoPrefetchRows = 1024;
+
 // A row evicted at the boundary being planned.
 struct Victim {
   SlotId slot;

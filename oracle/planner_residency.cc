@@ -67,10 +67,24 @@ void Planner::Impl::Classify(int trainer, int table, Iteration i) {
   const bool lfu = options_.policy == CachePolicy::kLfu;
   const bool off = options_.policy == CachePolicy::kOff;
   const bool several = trainers_ > 1;
-  if (lfu) seg.uses.resize(static_cast<size_t>(n));
-  if (several) seg.globals.resize(static_cast<size_t>(n));
   const RowId base = table_offsets_[table];
   const RowId* rows = seg.rows.data();
+  if (!lfu && !off && !several && track.rows.dense()) {
+    // The common case of a dense table with one trainer: slots and misses only, records read
+    // directly (prefetched when they outgrow the caches).
+    const bool prefetch = options_.schema.table_rows[table] > oracle_internal::kDenseNoPrefetchRows;
+    for (int32_t p = 0; p < n; ++p) {
+      if (prefetch && p + kAhead < n) {
+        __builtin_prefetch(&track.rows.DenseRecord(static_cast<int64_t>(rows[p + kAhead] - base)));
+      }
+      const SlotId slot = track.rows.DenseRecord(static_cast<int64_t>(rows[p] - base)).slot;
+      seg.slots[p] = slot;
+      if (slot == kNoSlot) seg.misses.push_back(p);
+    }
+    return;
+  }
+  if (lfu) seg.uses.resize(static_cast<size_t>(n));
+  if (several) seg.globals.resize(static_cast<size_t>(n));
   for (int32_t p = 0; p < n; ++p) {
     if (p + kAhead < n) track.rows.Prefetch(static_cast<int64_t>(rows[p + kAhead] - base));
     TrainerRow& row = *track.rows.Find(static_cast<int64_t>(rows[p] - base));
