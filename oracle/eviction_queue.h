@@ -106,7 +106,7 @@ class EvictionQueue {
   }
 
  private:
-  static constexpr size_t kPrefetch = 8;
+  static constexpr size_t kPrefetch = 24;  // entries whose slot states Front prefetches ahead
   static bool Valid(const QueueEntry& e, const SlotState* slots) {
     return slots[e.slot].queued && slots[e.slot].version == e.version;
   }
