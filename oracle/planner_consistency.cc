@@ -171,7 +171,7 @@ void Planner::Impl::Consistency(int table, Iteration i) {
 
   // d. Shared rows: touched and held by at least two trainers, in RowId order.
   // At least two holders (no POPCNT in the baseline instruction set).
-  auto shared = [](const GlobalRow& g) { return (g.holders & (g.holders - 1)) != 0; };
+  auto is_shared = [](const GlobalRow& g) { return (g.holders & (g.holders - 1)) != 0; };
   if (gt.index.dense()) {
     // Tables small enough for a direct index: mark the shared ids in a bitmap and read them back
     // in order (a scan of at most table_rows / 64 words instead of a sort), clearing the bits.
@@ -181,7 +181,7 @@ void Planner::Impl::Consistency(int table, Iteration i) {
     size_t last = 0;
     for (uint32_t handle : sync.touched) {
       const GlobalRow& g = gt.rows[handle];
-      if (!shared(g)) continue;
+      if (!is_shared(g)) continue;
       const size_t w = static_cast<size_t>(g.id) / 64;
       bits[w] |= uint64_t{1} << (g.id % 64);
       first = std::min(first, w);
@@ -198,7 +198,7 @@ void Planner::Impl::Consistency(int table, Iteration i) {
     sync.shared_sorted.clear();
     for (uint32_t handle : sync.touched) {
       const GlobalRow& g = gt.rows[handle];
-      if (shared(g)) sync.shared_sorted.emplace_back(g.id, handle);
+      if (is_shared(g)) sync.shared_sorted.emplace_back(g.id, handle);
     }
     // Row ids are distinct: sorting the pairs orders the handles by id.
     std::sort(sync.shared_sorted.begin(), sync.shared_sorted.end());
