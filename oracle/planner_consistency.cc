@@ -261,16 +261,25 @@ void Planner::Impl::Assemble(int trainer, Iteration i) {
   }
   std::vector<std::vector<int32_t>> send(static_cast<size_t>(trainers_));
   std::vector<std::vector<int32_t>> recv(static_cast<size_t>(trainers_));
-  // Sized once: these lists hold up to a few hundred thousand entries per iteration.
+  // Sized once (the per-peer lists too, counted first): these lists hold up to a few hundred
+  // thousand entries per iteration, and growing them reallocates fresh memory each time.
   size_t private_total = 0;
   size_t shared_total = 0;
+  std::vector<size_t> send_count(static_cast<size_t>(trainers_), 0);
+  std::vector<size_t> recv_count(static_cast<size_t>(trainers_), 0);
   for (const TableSync& sync : sync_) {
     private_total += sync.private_rows[trainer].size();
     shared_total += sync.shared[trainer].size();
+    for (const auto& [peer, local] : sync.send[trainer]) ++send_count[peer];
+    for (const auto& [peer, local] : sync.recv[trainer]) ++recv_count[peer];
   }
   plan.private_unique.reserve(private_total);
   plan.shared.reserve(shared_total);
   slice.shared_flags.reserve(shared_total);
+  for (int peer = 0; peer < trainers_; ++peer) {
+    send[peer].reserve(send_count[peer]);
+    recv[peer].reserve(recv_count[peer]);
+  }
   for (int tb = 0; tb < tables_; ++tb) {
     const TableSync& sync = sync_[tb];
     const std::vector<int32_t>& private_rows = sync.private_rows[trainer];
