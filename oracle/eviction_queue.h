@@ -7,6 +7,8 @@
 // proportional to the live entries. The queue also counts its live entries per last use, so that
 // the planner can tell how many rows each queue gives up before popping any (and pop the queues
 // of different tables in parallel). Not synchronised.
+//
+// Also the next-use buckets (NextUseBuckets below): the resident rows whose next use is known.
 #ifndef BAGPIPE_ORACLE_EVICTION_QUEUE_H_
 #define BAGPIPE_ORACLE_EVICTION_QUEUE_H_
 
@@ -14,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <vector>
 
 #include "core/types.h"
@@ -125,6 +128,99 @@ class EvictionQueue {
   std::deque<KeyCount> keys_;  // live entries per last use, in increasing last use
   size_t head_ = 0;
   int64_t live_ = 0;
+};
+
+// The resident rows of one (trainer, table) whose next use is known, by next use: Belady's
+// victims of last resort (furthest next use first; within one next use, the row added last
+// first). Adding is an append to one log in time order: the rows of one iteration go to up to
+// L different next uses, and a list per next use took a cold cache line for nearly every
+// append. The log is sorted into per-next-use lists only at an iteration that takes victims
+// from it, which a cache with enough rows of no known next use never does. Not synchronised.
+class NextUseBuckets {
+ public:
+  // `ring` > the largest distance from the first iteration not consumed to a next use added,
+  // popped or counted (every next use lies in [that iteration, that iteration + ring)).
+  void Init(int ring) {
+    live_.assign(static_cast<size_t>(ring), 0);
+    lists_.resize(static_cast<size_t>(ring));
+  }
+
+  void Add(SlotId slot, Iteration next_use) {
+    log_.push_back({slot, static_cast<int32_t>(next_use)});
+    ++live_[Ring(next_use)];
+    ++total_;
+  }
+
+  // Rows waiting for `next_use`.
+  int64_t count(Iteration next_use) const { return live_[Ring(next_use)]; }
+
+  // Removes and returns the slot of the row added last among those waiting for `next_use`,
+  // while iteration `now` (< next_use) is planned. REQUIRES: count(next_use) > 0. `slots`: the
+  // trainer's slot states (prefetched ahead).
+  SlotId Pop(Iteration next_use, Iteration now, const SlotState* slots) {
+    if (sorted_for_ != now) Sort(now);
+    std::vector<uint32_t>& list = lists_[Ring(next_use)];
+    if (list.size() > kPrefetch)
+      __builtin_prefetch(slots + log_[list[list.size() - kPrefetch]].slot);
+    Entry& e = log_[list.back()];
+    list.pop_back();
+    e.next_use = kGone;
+    --live_[Ring(next_use)];
+    --total_;
+    return e.slot;
+  }
+
+  // Iteration `i` is planned: the rows waiting for it are used at i and leave. Drops the
+  // entries of rows gone once they dominate the log (amortised O(1)).
+  void Consume(Iteration i) {
+    for (; cursor_ <= i; ++cursor_) {
+      total_ -= live_[cursor_ring_];
+      live_[cursor_ring_] = 0;
+      if (++cursor_ring_ == live_.size()) cursor_ring_ = 0;
+    }
+    if (log_.size() > 2 * static_cast<size_t>(total_) + 4096) {
+      size_t out = 0;
+      for (const Entry& e : log_) {
+        if (e.next_use > i) log_[out++] = e;
+      }
+      log_.resize(out);
+      sorted_for_ = kGone;
+    }
+  }
+
+ private:
+  static constexpr int32_t kGone = std::numeric_limits<int32_t>::min();
+  static constexpr size_t kPrefetch = 16;  // victims whose slot states Pop prefetches ahead
+  struct Entry {
+    SlotId slot;
+    int32_t next_use;  // kGone once popped
+  };
+
+  // The ring position of `next_use`, without a division (one per added row was a measurable
+  // cost). REQUIRES: cursor_ <= next_use < cursor_ + ring.
+  size_t Ring(Iteration next_use) const {
+    size_t r = cursor_ring_ + static_cast<size_t>(next_use - cursor_);
+    if (r >= live_.size()) r -= live_.size();
+    return r;
+  }
+
+  // Lists, per next use after `now`, the log positions of the rows waiting for it, in log order.
+  void Sort(Iteration now) {
+    for (std::vector<uint32_t>& list : lists_) list.clear();
+    for (size_t k = 0; k < log_.size(); ++k) {
+      if (log_[k].next_use > now)
+        lists_[Ring(log_[k].next_use)].push_back(static_cast<uint32_t>(k));
+    }
+    sorted_for_ = now;
+  }
+
+  std::vector<Entry> log_;                    // in the order rows were added
+  std::vector<int64_t> live_;                 // rows waiting, by next use (ring)
+  std::vector<std::vector<uint32_t>> lists_;  // Sort's output (ring)
+  int64_t total_ = 0;
+  Iteration cursor_ = 0;          // the first next use not consumed
+  size_t cursor_ring_ = 0;        // its ring position
+  Iteration sorted_for_ = kGone;  // the iteration lists_ were sorted for
 };
 
 }  // namespace oracle_internal

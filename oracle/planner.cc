@@ -222,7 +222,7 @@ absl::Status Planner::Impl::Init() {
         TableTrack& track = c.tables[t];
         track.rows.Init(o.schema.table_rows[t], o.dense_index_max_rows);
         track.rows.Reserve(static_cast<size_t>(reserve[t]));
-        track.buckets.resize(static_cast<size_t>(lookahead_ + 1));
+        track.buckets.Init(lookahead_ + 1);
       }
     }
   }

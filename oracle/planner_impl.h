@@ -7,7 +7,7 @@
 //    table in first-occurrence order; the distance from each row to its next occurrence on that
 //    trainer is written into the TableTrack's next-use arena when the later batch enters.
 //  - Per trainer a TrainerCache: per-slot state and per table a TableTrack (a RowTable of
-//    24-byte TrainerRow records, the queue of evictable rows, the ring of next-use buckets and
+//    24-byte TrainerRow records, the queue of evictable rows, the next-use buckets and
 //    the next-use arena).
 //  - With several trainers, per table a GlobalTable: the cross-trainer state of held and
 //    recently written-back rows. With one trainer the write-back stamp lives in the TrainerRow
@@ -135,9 +135,9 @@ static_assert(sizeof(TrainerRow) == 24);
 
 struct TableTrack {
   RowTable<TrainerRow> rows;
-  EvictionQueue lru;                         // kOracle, kLru: rows with no known next use
-  std::map<int64_t, EvictionQueue> lfu;      // kLfu: by use count
-  std::vector<std::vector<SlotId>> buckets;  // by next use, ring of L + 1
+  EvictionQueue lru;                     // kOracle, kLru: rows with no known next use
+  std::map<int64_t, EvictionQueue> lfu;  // kLfu: by use count
+  NextUseBuckets buckets;                // rows with a known next use
   // Next-use distances of the window's segments: window slot w owns
   // [w * next_stride, w * next_stride + its row count). One huge-page array rather than a
   // vector per segment: the links written when a batch enters land at random in it.

@@ -47,8 +47,7 @@ void Planner::Impl::Revive(TrainerCache& cache, TableTrack& track, const Revival
       track.lru.Unlink(row.last_occ);
     }
   }
-  track.buckets[static_cast<size_t>(next_use % static_cast<Iteration>(track.buckets.size()))]
-      .push_back(row.slot);
+  track.buckets.Add(row.slot, next_use);
 }
 
 void Planner::Impl::Classify(int trainer, int table, Iteration i) {
@@ -206,15 +205,11 @@ bool Planner::Impl::SelectVictims(int trainer, Iteration i) {
       }
     }
     // Rows whose next use is known, furthest first (kOracle).
-    const Iteration ring = lookahead_ + 1;
     for (Iteration b = i + lookahead_ - 1; b > i && need > 0; --b) {
       for (int tb = 0; tb < tables_ && need > 0; ++tb) {
-        std::vector<SlotId>& bucket = c.tables[tb].buckets[static_cast<size_t>(b % ring)];
-        while (need > 0 && !bucket.empty()) {
-          if (bucket.size() > kAhead) __builtin_prefetch(slots + bucket[bucket.size() - kAhead]);
-          const SlotId slot = bucket.back();
-          bucket.pop_back();
-          add_victim(slot, tb);
+        oracle_internal::NextUseBuckets& buckets = c.tables[tb].buckets;
+        while (need > 0 && buckets.count(b) > 0) {
+          add_victim(buckets.Pop(b, i, slots), tb);
           --need;
         }
       }
@@ -346,8 +341,6 @@ void Planner::Impl::Apply(int trainer, int table, Iteration i) {
   const int32_t n = static_cast<int32_t>(seg.rows.size());
   std::copy(seg.slots.begin(), seg.slots.end(), plan.unique_slots.begin() + seg.first_unique);
   if (!queued_policy()) return;
-  const Iteration ring = static_cast<Iteration>(track.buckets.size());
-  const Iteration i_slot = i % ring;
   const int32_t* next = NextUses(track, i);
   // Rows used again in the window go to the bucket of their next use; the others join the queue
   // of evictable rows, in a second pass that prefetches their slot states (random accesses)
@@ -356,10 +349,7 @@ void Planner::Impl::Apply(int trainer, int table, Iteration i) {
   idle.clear();
   for (int32_t p = 0; p < n; ++p) {
     if (next[p] > 0) {
-      // (i + next[p]) % ring without a division: next[p] < lookahead_ < ring.
-      Iteration b = i_slot + next[p];
-      if (b >= ring) b -= ring;
-      track.buckets[static_cast<size_t>(b)].push_back(seg.slots[p]);
+      track.buckets.Add(seg.slots[p], i + next[p]);
     } else {
       idle.push_back(p);
     }
@@ -380,7 +370,7 @@ void Planner::Impl::Apply(int trainer, int table, Iteration i) {
       track.lru.Push(slot, version, i);
     }
   }
-  track.buckets[static_cast<size_t>(i % ring)].clear();
+  track.buckets.Consume(i);
   if (!lfu) track.lru.MaybeCompact(slots);
 }
 

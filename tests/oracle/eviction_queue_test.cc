@@ -1,5 +1,6 @@
 // Tests of the eviction queue (oracle/eviction_queue.h): eviction order, lazy removal and the live
-// counts per last use that the planner splits its victims by.
+// counts per last use that the planner splits its victims by; and of the next-use buckets, against
+// a list per next use.
 #include "oracle/eviction_queue.h"
 
 #include <cstdint>
@@ -96,6 +97,54 @@ TEST(EvictionQueueTest, LiveCountsMatchAModelUnderChurn) {
       ASSERT_LT(queue.keys()[k - 1].last_use, queue.keys()[k].last_use);
     }
   }
+}
+
+// Planning iterations in order, as the planner does: iteration i may take victims from the
+// furthest next uses, then adds its rows with next uses up to `lookahead` - 1 ahead (and, as a
+// batch entering the window does, a few at exactly `lookahead` ahead), then consumes next use i.
+// The buckets must give the same slots in the same order as a list per next use (the planner's
+// former layout), across the log's compactions and re-sorts.
+TEST(NextUseBucketsTest, PopsLikeAListPerNextUseUnderChurn) {
+  constexpr int kLookahead = 12;
+  constexpr int kIterations = 3000;
+  constexpr int kMaxAdds = 40;
+  std::vector<SlotState> slots(static_cast<size_t>(kIterations) * kMaxAdds);
+  NextUseBuckets buckets;
+  buckets.Init(kLookahead + 1);
+  std::map<Iteration, std::vector<SlotId>> model;
+  CounterRng rng(11);
+  SlotId next_slot = 0;
+  int64_t pops = 0;
+  for (Iteration i = 0; i < kIterations; ++i) {
+    if (rng.NextBelow(3) == 0) {
+      int64_t need = static_cast<int64_t>(rng.NextBelow(60));
+      for (Iteration b = i + kLookahead - 1; b > i && need > 0; --b) {
+        std::vector<SlotId>& list = model[b];
+        ASSERT_EQ(buckets.count(b), static_cast<int64_t>(list.size())) << "iteration " << i;
+        while (need > 0 && !list.empty()) {
+          ASSERT_EQ(buckets.Pop(b, i, slots.data()), list.back())
+              << "iteration " << i << ", next use " << b;
+          list.pop_back();
+          --need;
+          ++pops;
+        }
+      }
+    }
+    const int adds = static_cast<int>(rng.NextBelow(kMaxAdds));
+    for (int a = 0; a < adds; ++a) {
+      const Iteration use = a % 8 == 7
+                                ? i + kLookahead
+                                : i + 1 + static_cast<Iteration>(rng.NextBelow(kLookahead - 1));
+      buckets.Add(next_slot, use);
+      model[use].push_back(next_slot++);
+    }
+    buckets.Consume(i);
+    model.erase(i);
+    for (const auto& [use, list] : model) {
+      ASSERT_EQ(buckets.count(use), static_cast<int64_t>(list.size())) << "next use " << use;
+    }
+  }
+  EXPECT_GT(pops, 1000);  // the pops ran across many sorts and compactions
 }
 
 }  // namespace
