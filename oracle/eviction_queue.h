@@ -134,8 +134,10 @@ class EvictionQueue {
 // victims of last resort (furthest next use first; within one next use, the row added last
 // first). Adding is an append to one log in time order: the rows of one iteration go to up to
 // L different next uses, and a list per next use took a cold cache line for nearly every
-// append. The log is sorted into per-next-use lists only at an iteration that takes victims
-// from it, which a cache with enough rows of no known next use never does. Not synchronised.
+// append. The log is sorted into per-next-use lists only when victims are first taken from it
+// (a cache with enough rows of no known next use never does); from then on, until the log is
+// next compacted, adds go to those lists too, so that a cache taking such victims every
+// iteration does not sort again each time. Not synchronised.
 class NextUseBuckets {
  public:
   // `ring` > the largest distance from the first iteration not consumed to a next use added,
@@ -146,19 +148,20 @@ class NextUseBuckets {
   }
 
   void Add(SlotId slot, Iteration next_use) {
+    const size_t r = Ring(next_use);
+    if (indexed_) lists_[r].push_back(static_cast<uint32_t>(log_.size()));
     log_.push_back({slot, static_cast<int32_t>(next_use)});
-    ++live_[Ring(next_use)];
+    ++live_[r];
     ++total_;
   }
 
   // Rows waiting for `next_use`.
   int64_t count(Iteration next_use) const { return live_[Ring(next_use)]; }
 
-  // Removes and returns the slot of the row added last among those waiting for `next_use`,
-  // while iteration `now` (< next_use) is planned. REQUIRES: count(next_use) > 0. `slots`: the
-  // trainer's slot states (prefetched ahead).
-  SlotId Pop(Iteration next_use, Iteration now, const SlotState* slots) {
-    if (sorted_for_ != now) Sort(now);
+  // Removes and returns the slot of the row added last among those waiting for `next_use`.
+  // REQUIRES: count(next_use) > 0. `slots`: the trainer's slot states (prefetched ahead).
+  SlotId Pop(Iteration next_use, const SlotState* slots) {
+    if (!indexed_) Sort();
     std::vector<uint32_t>& list = lists_[Ring(next_use)];
     if (list.size() > kPrefetch)
       __builtin_prefetch(slots + log_[list[list.size() - kPrefetch]].slot);
@@ -176,6 +179,7 @@ class NextUseBuckets {
     for (; cursor_ <= i; ++cursor_) {
       total_ -= live_[cursor_ring_];
       live_[cursor_ring_] = 0;
+      if (indexed_) lists_[cursor_ring_].clear();
       if (++cursor_ring_ == live_.size()) cursor_ring_ = 0;
     }
     if (log_.size() > 2 * static_cast<size_t>(total_) + 4096) {
@@ -184,7 +188,7 @@ class NextUseBuckets {
         if (e.next_use > i) log_[out++] = e;
       }
       log_.resize(out);
-      sorted_for_ = kGone;
+      indexed_ = false;  // the positions moved
     }
   }
 
@@ -204,23 +208,23 @@ class NextUseBuckets {
     return r;
   }
 
-  // Lists, per next use after `now`, the log positions of the rows waiting for it, in log order.
-  void Sort(Iteration now) {
+  // Lists, per next use not consumed, the log positions of the rows waiting for it, in log order.
+  void Sort() {
     for (std::vector<uint32_t>& list : lists_) list.clear();
     for (size_t k = 0; k < log_.size(); ++k) {
-      if (log_[k].next_use > now)
+      if (log_[k].next_use >= cursor_)
         lists_[Ring(log_[k].next_use)].push_back(static_cast<uint32_t>(k));
     }
-    sorted_for_ = now;
+    indexed_ = true;
   }
 
   std::vector<Entry> log_;                    // in the order rows were added
   std::vector<int64_t> live_;                 // rows waiting, by next use (ring)
-  std::vector<std::vector<uint32_t>> lists_;  // Sort's output (ring)
+  std::vector<std::vector<uint32_t>> lists_;  // log positions by next use (ring), if indexed_
   int64_t total_ = 0;
-  Iteration cursor_ = 0;          // the first next use not consumed
-  size_t cursor_ring_ = 0;        // its ring position
-  Iteration sorted_for_ = kGone;  // the iteration lists_ were sorted for
+  Iteration cursor_ = 0;    // the first next use not consumed
+  size_t cursor_ring_ = 0;  // its ring position
+  bool indexed_ = false;    // lists_ is current
 };
 
 }  // namespace oracle_internal

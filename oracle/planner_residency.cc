@@ -209,7 +209,7 @@ bool Planner::Impl::SelectVictims(int trainer, Iteration i) {
       for (int tb = 0; tb < tables_ && need > 0; ++tb) {
         oracle_internal::NextUseBuckets& buckets = c.tables[tb].buckets;
         while (need > 0 && buckets.count(b) > 0) {
-          add_victim(buckets.Pop(b, i, slots), tb);
+          add_victim(buckets.Pop(b, slots), tb);
           --need;
         }
       }

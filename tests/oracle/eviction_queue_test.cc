@@ -103,7 +103,7 @@ TEST(EvictionQueueTest, LiveCountsMatchAModelUnderChurn) {
 // furthest next uses, then adds its rows with next uses up to `lookahead` - 1 ahead (and, as a
 // batch entering the window does, a few at exactly `lookahead` ahead), then consumes next use i.
 // The buckets must give the same slots in the same order as a list per next use (the planner's
-// former layout), across the log's compactions and re-sorts.
+// former layout), across the log's compactions, sorts and adds to the sorted lists.
 TEST(NextUseBucketsTest, PopsLikeAListPerNextUseUnderChurn) {
   constexpr int kLookahead = 12;
   constexpr int kIterations = 3000;
@@ -122,7 +122,7 @@ TEST(NextUseBucketsTest, PopsLikeAListPerNextUseUnderChurn) {
         std::vector<SlotId>& list = model[b];
         ASSERT_EQ(buckets.count(b), static_cast<int64_t>(list.size())) << "iteration " << i;
         while (need > 0 && !list.empty()) {
-          ASSERT_EQ(buckets.Pop(b, i, slots.data()), list.back())
+          ASSERT_EQ(buckets.Pop(b, slots.data()), list.back())
               << "iteration " << i << ", next use " << b;
           list.pop_back();
           --need;
