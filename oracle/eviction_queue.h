@@ -183,9 +183,11 @@ class NextUseBuckets {
       if (++cursor_ring_ == live_.size()) cursor_ring_ = 0;
     }
     if (log_.size() > 2 * static_cast<size_t>(total_) + 4096) {
+      // Branch-free: about half the entries are gone, in no pattern a branch could predict.
       size_t out = 0;
       for (const Entry& e : log_) {
-        if (e.next_use > i) log_[out++] = e;
+        log_[out] = e;
+        out += e.next_use > i ? 1 : 0;
       }
       log_.resize(out);
       indexed_ = false;  // the positions moved

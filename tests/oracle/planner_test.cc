@@ -2,9 +2,12 @@
 // end-to-end consistency properties are in plan_replay_test.cc.
 #include "oracle/planner.h"
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/oracle/planner_testing.h"
@@ -149,6 +152,37 @@ TEST(PlannerTest, RejectsMalformedBatches) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()),
               HasSubstr("sample 101, table t: id 10 is outside [0, 10)"));
+
+  // Negative ids and ids near 2^63 are out of range too (the range scan works on sign bits).
+  for (const int64_t bad : {int64_t{-1}, std::numeric_limits<int64_t>::min(),
+                            std::numeric_limits<int64_t>::max(), int64_t{1} << 62}) {
+    planner = Planner::Create(Options(OneTable(10), CachePolicy::kLru, 4));
+    ASSERT_TRUE(planner.ok());
+    Batch batch = MakeBatch(7, {{1}, {2}, {3, 4}});
+    batch.ids[2] = bad;
+    status = (*planner)->Push(batch);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr(absl::StrCat("sample 9, table t: id ", bad, " is outside [0, 10)")));
+  }
+
+  // Offsets that decrease inside the table's range (its ends are in order).
+  planner = Planner::Create(Options(OneTable(10), CachePolicy::kLru, 4));
+  ASSERT_TRUE(planner.ok());
+  Batch decreasing = MakeBatch(20, {{1, 2}, {3}, {4, 5}, {6}});
+  decreasing.offsets[2] = 1;  // 0, 2, 3, 5, 6 -> 0, 2, 1, 5, 6
+  status = (*planner)->Push(decreasing);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("offsets decrease at sample 21, table t"));
+
+  // A negative offset inside the range.
+  planner = Planner::Create(Options(OneTable(10), CachePolicy::kLru, 4));
+  ASSERT_TRUE(planner.ok());
+  Batch negative = MakeBatch(30, {{1, 2}, {3}, {4, 5}, {6}});
+  negative.offsets[2] = std::numeric_limits<int64_t>::min();
+  status = (*planner)->Push(negative);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("offsets decrease at sample 31, table t"));
 
   planner = Planner::Create(Options(OneTable(10), CachePolicy::kLru, 4));
   ASSERT_TRUE(planner.ok());
