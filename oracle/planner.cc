@@ -246,10 +246,14 @@ absl::Status Planner::Impl::Init() {
   return absl::OkStatus();
 }
 
-absl::Status Planner::Impl::Push(Batch batch) {
+absl::Status Planner::Impl::Push(Batch batch, Batch* spent) {
   RETURN_IF_ERROR(status_);
   if (finished_) return absl::FailedPreconditionError("Planner::Push after Finish");
-  absl::Status status = Enter(std::move(batch));
+  absl::Status status = Enter(batch);
+  if (spent != nullptr) {
+    batch.Reset(batch.num_dense, batch.num_tables);
+    *spent = std::move(batch);
+  }
   while (status.ok() && next_plan_ + lookahead_ <= pushed_) status = PlanNext();
   status_ = status;
   return status;
@@ -281,6 +285,42 @@ absl::StatusOr<std::optional<std::vector<TrainerPlan>>> Planner::Impl::Pop() {
   return std::optional<std::vector<TrainerPlan>>(std::move(plans));
 }
 
+void Planner::Impl::Recycle(std::vector<TrainerPlan> plans) {
+  // Enough for the next iteration or two; more would only hold memory.
+  const size_t keep = 2 * static_cast<size_t>(trainers_);
+  for (TrainerPlan& plan : plans) {
+    if (spare_plans_.size() >= keep) break;
+    spare_plans_.push_back(std::move(plan));
+  }
+}
+
+TrainerPlan Planner::Impl::SparePlan() {
+  TrainerPlan plan;
+  if (spare_plans_.empty()) return plan;
+  TrainerPlan& old = spare_plans_.back();
+  // A fresh plan that takes over the old one's buffers: a field added to TrainerPlan later
+  // starts fresh unless it is listed here.
+  auto reuse = [](auto& to, auto& from) {
+    from.clear();
+    to.swap(from);
+  };
+  reuse(plan.labels, old.labels);
+  reuse(plan.dense, old.dense);
+  reuse(plan.offsets, old.offsets);
+  reuse(plan.extract, old.extract);
+  reuse(plan.fills, old.fills);
+  reuse(plan.private_unique, old.private_unique);
+  reuse(plan.shared, old.shared);
+  // These three keep their size and contents: Enter resizes them and every element is written
+  // before the plan is released (ids by Link or Dedup, rows by Enter, slots by Apply or
+  // PlanDevice), so only growth is zero-filled.
+  if (options_.build_batch) plan.unique_index.swap(old.unique_index);
+  plan.unique_rows.swap(old.unique_rows);
+  plan.unique_slots.swap(old.unique_slots);
+  spare_plans_.pop_back();
+  return plan;
+}
+
 absl::StatusOr<std::vector<TrainerPlan>> Planner::Impl::Drain() {
   RETURN_IF_ERROR(status_);
   if (!finished_ || !ready_.empty()) {
@@ -306,7 +346,7 @@ PlannerStats Planner::Impl::stats() const {
   return stats;
 }
 
-absl::Status Planner::Impl::Enter(Batch batch) {
+absl::Status Planner::Impl::Enter(Batch& batch) {
   const Iteration k = pushed_;
   const std::string where = absl::StrCat("batch ", k, " (first sample ", batch.first_sample, ")");
   if (k >= std::numeric_limits<int32_t>::max() - lookahead_ - emit_lag_ - 2) {
@@ -341,7 +381,7 @@ absl::Status Planner::Impl::Enter(Batch batch) {
   for (std::vector<uint8_t>& flags : wb.now) flags.clear();
   for (int t = 0; t < trainers_; ++t) {
     TrainerSlice& slice = wb.trainers[t];
-    slice.plan = TrainerPlan{};
+    slice.plan = SparePlan();
     slice.shared_flags.clear();
     TrainerPlan& plan = slice.plan;
     const ShardRange range = ShardOf(batch.num_samples, trainers_, t);
@@ -603,10 +643,11 @@ void Planner::Impl::ReserveNextUses(int trainer, int table, size_t rows) {
 void Planner::Impl::BuildLocalBatch(Batch& batch, WindowBatch& wb) {
   const int64_t n = batch.num_samples;
   if (trainers_ == 1) {
+    // Swapped rather than moved: the batch takes the plan's spare buffers (Push's `spent`).
     TrainerPlan& plan = wb.trainers[0].plan;
-    plan.labels = std::move(batch.labels);
-    plan.dense = std::move(batch.dense);
-    plan.offsets = std::move(batch.offsets);
+    plan.labels.swap(batch.labels);
+    plan.dense.swap(batch.dense);
+    plan.offsets.swap(batch.offsets);
     return;
   }
   ForEach(trainers_, [&](int t) {
@@ -752,10 +793,13 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(PlannerOptions options)
 Planner::Planner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Planner::~Planner() = default;
 
-absl::Status Planner::Push(Batch global_batch) { return impl_->Push(std::move(global_batch)); }
+absl::Status Planner::Push(Batch global_batch, Batch* spent) {
+  return impl_->Push(std::move(global_batch), spent);
+}
 absl::Status Planner::Finish() { return impl_->Finish(); }
 absl::StatusOr<std::optional<std::vector<TrainerPlan>>> Planner::Pop() { return impl_->Pop(); }
 absl::StatusOr<std::vector<TrainerPlan>> Planner::Drain() { return impl_->Drain(); }
+void Planner::Recycle(std::vector<TrainerPlan> plans) { impl_->Recycle(std::move(plans)); }
 PlannerStats Planner::stats() const { return impl_->stats(); }
 const PlannerOptions& Planner::options() const { return impl_->options(); }
 

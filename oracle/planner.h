@@ -180,7 +180,10 @@ class Planner {
   // Next global batch, in stream order (iteration = number of batches pushed before it). Checks
   // its shape and ids against the schema and that every trainer's working set fits. Plans the
   // iterations whose window is now complete. REQUIRES: Finish() not called.
-  absl::Status Push(Batch global_batch);
+  // If `spent` is given (it may be the moved-from batch), it receives an empty batch whose
+  // vectors keep the capacity of the ones the planner no longer needs, for the caller's next
+  // read: a loader that reads into it allocates nothing in the steady state.
+  absl::Status Push(Batch global_batch, Batch* spent = nullptr);
   // No more batches: plans the remaining iterations (their windows end at the stream's end).
   absl::Status Finish();
 
@@ -188,6 +191,12 @@ class Planner {
   // nullopt when more batches must be pushed first, or, after Finish(), when every iteration has
   // been popped.
   absl::StatusOr<std::optional<std::vector<TrainerPlan>>> Pop();
+
+  // Optional: hands popped plans back once the caller is done with them (sent, executed), so
+  // that later plans reuse their memory. At Criteo batch sizes a plan holds megabytes, and
+  // fresh memory costs page faults and zeroing on every iteration. Any plans are accepted
+  // (only their vectors' capacity is kept); the planner keeps a few trainers' worth.
+  void Recycle(std::vector<TrainerPlan> plans);
 
   // After Finish() and every iteration popped: one plan per trainer (iteration = number of
   // iterations) with only `extract` entries: every resident row is evicted, and every dirty row

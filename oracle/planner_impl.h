@@ -256,10 +256,11 @@ class Planner::Impl {
   explicit Impl(PlannerOptions options);
   absl::Status Init();
 
-  absl::Status Push(Batch batch);
+  absl::Status Push(Batch batch, Batch* spent);
   absl::Status Finish();
   absl::StatusOr<std::optional<std::vector<TrainerPlan>>> Pop();
   absl::StatusOr<std::vector<TrainerPlan>> Drain();
+  void Recycle(std::vector<TrainerPlan> plans);
   PlannerStats stats() const;
   const PlannerOptions& options() const { return options_; }
 
@@ -283,7 +284,9 @@ class Planner::Impl {
   }
 
   // planner.cc
-  absl::Status Enter(Batch batch);
+  absl::Status Enter(Batch& batch);
+  // An empty plan for Enter, reusing a recycled plan's vectors when there is one.
+  TrainerPlan SparePlan();
   absl::Status Validate(int trainer, int table, const Batch& batch, Iteration iteration) const;
   void Dedup(int trainer, int table, const Batch& batch, WindowBatch& wb);
   void Link(int trainer, int table, const Batch& batch, WindowBatch& wb);
@@ -333,6 +336,7 @@ class Planner::Impl {
   bool drained_ = false;
   absl::Status status_;  // sticky error
   std::deque<std::vector<TrainerPlan>> ready_;
+  std::vector<TrainerPlan> spare_plans_;  // Recycle()d plans, for SparePlan
 
   std::vector<oracle_internal::TrainerCache> caches_;
   std::vector<oracle_internal::GlobalTable> globals_;

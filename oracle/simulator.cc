@@ -147,6 +147,7 @@ absl::Status RunPlanner(const CompactTrace& trace, const Schema& schema, CachePo
     while (true) {
       ASSIGN_OR_RETURN(std::optional<std::vector<TrainerPlan>> plans, planner->Pop());
       if (!plans) return absl::OkStatus();
+      planner->Recycle(std::move(*plans));
     }
   };
   for (int64_t b = 0; b < trace.batches(); ++b) {

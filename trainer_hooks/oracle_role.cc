@@ -98,7 +98,8 @@ class OracleRunner {
         }
         Stopwatch push_watch;
         if (got) {
-          RETURN_IF_ERROR(Annotate(planner->Push(std::move(batch)),
+          // The batch's buffers come back for the next read.
+          RETURN_IF_ERROR(Annotate(planner->Push(std::move(batch), &batch),
                                    absl::StrCat("planning global batch ", pushed)));
           ++pushed;
         } else {
@@ -114,6 +115,7 @@ class OracleRunner {
         (*plans)[t].global_samples = global_samples;
         RETURN_IF_ERROR(SendPlan(t, EncodePlan(PlanKind::kIteration, (*plans)[t])));
       }
+      planner->Recycle(std::move(*plans));  // encoded: their memory serves later plans
       ++stats_->iterations;
     }
     ASSIGN_OR_RETURN(std::vector<TrainerPlan> drain, planner->Drain());

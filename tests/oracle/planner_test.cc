@@ -192,6 +192,38 @@ TEST(PlannerTest, RejectsMalformedBatches) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("malformed sparse layout"));
 }
 
+// Recycled plans and returned batch buffers change nothing: every policy, one and several
+// trainers, with and without local batches, on batches whose sizes go up and down.
+TEST(PlannerTest, RecyclingPlansAndBatchesGivesTheSamePlans) {
+  TraceSpec spec;
+  spec.table_rows = {30, 500, 7};
+  spec.batches = 40;
+  spec.batch_size = 12;
+  spec.max_pooling = 3;  // 0..3 ids per bag: every batch has its own number of ids
+  spec.last_batch_size = 5;
+  const std::vector<Batch> trace = MakeTrace(spec);
+  const Schema schema = TraceSchema(spec);
+  for (CachePolicy policy : {CachePolicy::kOracle, CachePolicy::kLru, CachePolicy::kLfu,
+                             CachePolicy::kOff, CachePolicy::kDevice}) {
+    for (int trainers : {1, 3}) {
+      for (bool build_batch : {true, false}) {
+        PlannerOptions options =
+            Options(schema, policy, MaxWorkingSet(trace, schema, trainers) + 20, 6, trainers);
+        options.build_batch = build_batch;
+        SCOPED_TRACE(absl::StrCat(std::string(CachePolicyName(policy)), ", ", trainers, " trainers",
+                                  std::string(build_batch ? "" : ", no local batches")));
+        const PlannerRun fresh = RunPlanner(options, trace);
+        const PlannerRun recycled = RunPlanner(options, trace, /*recycle=*/true);
+        ASSERT_EQ(fresh.plans.size(), recycled.plans.size());
+        for (size_t i = 0; i < fresh.plans.size(); ++i) {
+          ASSERT_TRUE(fresh.plans[i] == recycled.plans[i]) << "iteration " << i;
+        }
+        EXPECT_TRUE(fresh.drain == recycled.drain);
+      }
+    }
+  }
+}
+
 TEST(PlannerTest, EnforcesCallOrder) {
   auto planner = Planner::Create(Options(OneTable(10), CachePolicy::kOracle, 4));
   ASSERT_TRUE(planner.ok());

@@ -26,8 +26,11 @@ struct PlannerRun {
 };
 
 // Pushes the trace, popping plans as they are released (as the runtime does), then finishes
-// and drains. Fails the test on any error.
-inline PlannerRun RunPlanner(const PlannerOptions& options, const std::vector<Batch>& trace) {
+// and drains. Fails the test on any error. With `recycle`, also does what the oracle role does
+// with memory: hands a copy of every popped plan back (Planner::Recycle) and pushes each batch
+// through the buffers the previous Push gave back.
+inline PlannerRun RunPlanner(const PlannerOptions& options, const std::vector<Batch>& trace,
+                             bool recycle = false) {
   PlannerRun run;
   auto planner = Planner::Create(options);
   EXPECT_TRUE(planner.ok()) << planner.status();
@@ -37,11 +40,27 @@ inline PlannerRun RunPlanner(const PlannerOptions& options, const std::vector<Ba
       auto popped = (*planner)->Pop();
       EXPECT_TRUE(popped.ok()) << popped.status();
       if (!popped.ok() || !popped->has_value()) return;
+      if (recycle) (*planner)->Recycle(**popped);
       run.plans.push_back(std::move(**popped));
     }
   };
+  Batch spent;
   for (const Batch& batch : trace) {
-    const absl::Status status = (*planner)->Push(batch);
+    absl::Status status;
+    if (recycle) {
+      spent.first_sample = batch.first_sample;
+      spent.num_samples = batch.num_samples;
+      spent.num_dense = batch.num_dense;
+      spent.num_tables = batch.num_tables;
+      spent.labels.assign(batch.labels.begin(), batch.labels.end());
+      spent.dense.assign(batch.dense.begin(), batch.dense.end());
+      spent.offsets.assign(batch.offsets.begin(), batch.offsets.end());
+      spent.ids.assign(batch.ids.begin(), batch.ids.end());
+      status = (*planner)->Push(std::move(spent), &spent);
+      EXPECT_TRUE(spent.ids.empty() && spent.offsets.size() == 1);
+    } else {
+      status = (*planner)->Push(batch);
+    }
     EXPECT_TRUE(status.ok()) << status;
     if (!status.ok()) return run;
     pop_all();
