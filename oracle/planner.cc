@@ -285,40 +285,89 @@ absl::StatusOr<std::optional<std::vector<TrainerPlan>>> Planner::Impl::Pop() {
   return std::optional<std::vector<TrainerPlan>>(std::move(plans));
 }
 
+namespace {
+
+// The plan buffers that recycling reuses, in two groups: those Enter fills when a batch enters
+// the window, and those filled when the iteration is planned, L iterations later. The groups
+// are recycled separately: a buffer taken at entry only comes back after the whole window has
+// passed, by which time the planning-time ones (whose sizes grow while the caches fill) would
+// be long outgrown.
+// Calls f(k, to_buffer, from_buffer) for the buffers of one group, k indexing
+// Planner::Impl::spare_sizes_. A field added to TrainerPlan later starts fresh unless it is
+// listed here.
+template <typename F>
+void ForEachEntryBuffer(TrainerPlan& to, TrainerPlan& from, const F& f) {
+  f(0, to.labels, from.labels);
+  f(1, to.dense, from.dense);
+  f(2, to.offsets, from.offsets);
+  f(3, to.unique_index, from.unique_index);
+  f(4, to.unique_rows, from.unique_rows);
+  f(5, to.unique_slots, from.unique_slots);
+}
+template <typename F>
+void ForEachPlanningBuffer(TrainerPlan& to, TrainerPlan& from, const F& f) {
+  f(6, to.extract, from.extract);
+  f(7, to.fills, from.fills);
+  f(8, to.private_unique, from.private_unique);
+  f(9, to.shared, from.shared);
+}
+
+}  // namespace
+
 void Planner::Impl::Recycle(std::vector<TrainerPlan> plans) {
   // Enough for the next iteration or two; more would only hold memory.
   const size_t keep = 2 * static_cast<size_t>(trainers_);
   for (TrainerPlan& plan : plans) {
-    if (spare_plans_.size() >= keep) break;
-    spare_plans_.push_back(std::move(plan));
+    auto track = [&](int k, auto& buffer, auto&) {
+      spare_sizes_[k] = std::max(spare_sizes_[k], buffer.size());
+    };
+    ForEachEntryBuffer(plan, plan, track);
+    ForEachPlanningBuffer(plan, plan, track);
+    if (spare_planning_.size() < keep) {
+      TrainerPlan shell;
+      ForEachPlanningBuffer(shell, plan, [](int, auto& to, auto& from) { to.swap(from); });
+      spare_planning_.push_back(std::move(shell));
+    }
+    if (spare_entry_.size() < keep) spare_entry_.push_back(std::move(plan));
   }
+}
+
+template <typename Vector>
+void Planner::Impl::TakeSpare(int k, Vector& to, Vector& from, bool keep_contents) {
+  // Room for an eighth more than the largest recycled buffer of its kind held: sizes vary from
+  // batch to batch, and a buffer that is outgrown reallocates, which is the cost recycling
+  // avoids. A buffer that needs more room is emptied first (nothing to copy).
+  const size_t largest = spare_sizes_[k];
+  if (from.capacity() < largest + largest / 8) {
+    from.clear();
+    from.reserve(largest + largest / 4);
+  }
+  if (!keep_contents) from.clear();
+  to.swap(from);
 }
 
 TrainerPlan Planner::Impl::SparePlan() {
   TrainerPlan plan;
-  if (spare_plans_.empty()) return plan;
-  TrainerPlan& old = spare_plans_.back();
-  // A fresh plan that takes over the old one's buffers: a field added to TrainerPlan later
-  // starts fresh unless it is listed here.
-  auto reuse = [](auto& to, auto& from) {
-    from.clear();
-    to.swap(from);
-  };
-  reuse(plan.labels, old.labels);
-  reuse(plan.dense, old.dense);
-  reuse(plan.offsets, old.offsets);
-  reuse(plan.extract, old.extract);
-  reuse(plan.fills, old.fills);
-  reuse(plan.private_unique, old.private_unique);
-  reuse(plan.shared, old.shared);
-  // These three keep their size and contents: Enter resizes them and every element is written
-  // before the plan is released (ids by Link or Dedup, rows by Enter, slots by Apply or
-  // PlanDevice), so only growth is zero-filled.
-  if (options_.build_batch) plan.unique_index.swap(old.unique_index);
-  plan.unique_rows.swap(old.unique_rows);
-  plan.unique_slots.swap(old.unique_slots);
-  spare_plans_.pop_back();
+  if (spare_entry_.empty()) return plan;
+  ForEachEntryBuffer(plan, spare_entry_.back(), [&](int k, auto& to, auto& from) {
+    // unique_index, unique_rows and unique_slots keep their size and contents: Enter resizes
+    // them and every element is written before the plan is released (ids by Link or Dedup, rows
+    // by Enter, slots by Apply or PlanDevice), so only growth is zero-filled. Without local
+    // batches unique_index stays empty.
+    const bool overwritten = k == 4 || k == 5 || (k == 3 && options_.build_batch);
+    TakeSpare(k, to, from, overwritten);
+  });
+  spare_entry_.pop_back();
   return plan;
+}
+
+void Planner::Impl::SparePlanningBuffers(Iteration i) {
+  for (TrainerSlice& slice : window(i).trainers) {
+    if (spare_planning_.empty()) return;
+    ForEachPlanningBuffer(slice.plan, spare_planning_.back(),
+                          [&](int k, auto& to, auto& from) { TakeSpare(k, to, from, false); });
+    spare_planning_.pop_back();
+  }
 }
 
 absl::StatusOr<std::vector<TrainerPlan>> Planner::Impl::Drain() {
@@ -690,6 +739,7 @@ absl::Status Planner::Impl::PlanNext() {
     lap_start = now;
   };
   WindowBatch& wb = window(i);
+  SparePlanningBuffers(i);
   if (options_.policy == CachePolicy::kDevice) {
     ForEach(tables_, [&](int tb) { PlanDevice(tb, i); });
     lap(PlannerPhase::kConsistency);

@@ -33,6 +33,7 @@
 #ifndef BAGPIPE_ORACLE_PLANNER_IMPL_H_
 #define BAGPIPE_ORACLE_PLANNER_IMPL_H_
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <limits>
@@ -285,8 +286,12 @@ class Planner::Impl {
 
   // planner.cc
   absl::Status Enter(Batch& batch);
-  // An empty plan for Enter, reusing a recycled plan's vectors when there is one.
+  // An empty plan for Enter, reusing a recycled plan's entry buffers when there is one.
   TrainerPlan SparePlan();
+  // Gives the plans of iteration i recycled buffers for the lists filled while it is planned.
+  void SparePlanningBuffers(Iteration i);
+  template <typename Vector>
+  void TakeSpare(int k, Vector& to, Vector& from, bool keep_contents);
   absl::Status Validate(int trainer, int table, const Batch& batch, Iteration iteration) const;
   void Dedup(int trainer, int table, const Batch& batch, WindowBatch& wb);
   void Link(int trainer, int table, const Batch& batch, WindowBatch& wb);
@@ -336,7 +341,12 @@ class Planner::Impl {
   bool drained_ = false;
   absl::Status status_;  // sticky error
   std::deque<std::vector<TrainerPlan>> ready_;
-  std::vector<TrainerPlan> spare_plans_;  // Recycle()d plans, for SparePlan
+  // Recycle()d plans: their entry buffers, for SparePlan, and their planning-time buffers, for
+  // SparePlanningBuffers (planner.cc, ForEachEntryBuffer).
+  std::vector<TrainerPlan> spare_entry_;
+  std::vector<TrainerPlan> spare_planning_;
+  // The largest size of each kind of reused plan buffer seen in a recycled plan.
+  std::array<size_t, 10> spare_sizes_{};
 
   std::vector<oracle_internal::TrainerCache> caches_;
   std::vector<oracle_internal::GlobalTable> globals_;
