@@ -178,6 +178,7 @@ absl::Status Planner::Impl::Init() {
   trainers_ = o.num_trainers;
   tables_ = o.schema.num_tables();
   lookahead_ = o.policy == CachePolicy::kOracle ? o.lookahead : 1;
+  next_width_ = oracle_internal::NextUseWidth(lookahead_);
   emit_lag_ = o.emit_lag;
   horizon_ = o.writeback_horizon > 0 ? o.writeback_horizon : kDefaultWritebackHorizon;
   table_offsets_ = o.schema.TableOffsets();
@@ -595,23 +596,25 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
   // line prefetched for writing meanwhile, so the loop does not wait for the misses.
   constexpr int kDelay = 16;
   struct PendingLink {
-    int32_t* at;
+    uint8_t* at;
     int32_t distance;
   };
   PendingLink pending[kDelay];
   int pending_count = 0;
   int pending_head = 0;
-  auto link = [&](int32_t* at, int32_t distance) {
+  const int width = next_width_;
+  auto link = [&](uint8_t* at, int32_t distance) {
     __builtin_prefetch(at, 1);
     if (pending_count == kDelay) {
-      *pending[pending_head].at = pending[pending_head].distance;
+      oracle_internal::StoreNextUse(pending[pending_head].at, pending[pending_head].distance,
+                                    width);
       pending[pending_head] = {at, distance};
       pending_head = (pending_head + 1) % kDelay;
     } else {
       pending[(pending_head + pending_count++) % kDelay] = {at, distance};
     }
   };
-  int32_t* const arena = track.next.data();
+  uint8_t* const arena = track.next.data();
   const size_t stride = track.next_stride;
   const int64_t window_size = static_cast<int64_t>(window_.size());
   const int64_t k_slot = k % window_size;
@@ -627,7 +630,7 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
         // The window slot of last_occ, without a division: k - last_occ < window_.size().
         int64_t w = k_slot - (k32 - row.last_occ);
         if (w < 0) w += window_size;
-        link(arena + static_cast<size_t>(w) * stride + row.last_pos, k32 - row.last_occ);
+        link(arena + (static_cast<size_t>(w) * stride + row.last_pos) * width, k32 - row.last_occ);
       } else if (revive && row.slot != kNoSlot) {
         seg.revived.push_back({row.slot, row.last_occ, row.uses});
       }
@@ -658,7 +661,7 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
   }
   for (int k = 0; k < pending_count; ++k) {
     const PendingLink& p = pending[(pending_head + k) % kDelay];
-    *p.at = p.distance;
+    oracle_internal::StoreNextUse(p.at, p.distance, width);
   }
   // Revivals after the loop, in id order, prefetching their slot states (random accesses that
   // stalled the loop when done in place).
@@ -671,19 +674,21 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
   }
   // This segment's own next-use distances start unknown.
   ReserveNextUses(trainer, table, seg.rows.size());
-  std::fill_n(NextUses(track, k), seg.rows.size(), 0);
+  std::fill_n(NextUses(track, k), seg.rows.size() * width, 0);
 }
 
 void Planner::Impl::ReserveNextUses(int trainer, int table, size_t rows) {
   TableTrack& track = caches_[trainer].tables[table];
   if (rows <= track.next_stride) return;
   const size_t stride = std::max(rows, 2 * track.next_stride);
-  oracle_internal::HugeVector<int32_t> next(window_.size() * stride, 0);
+  const size_t width = static_cast<size_t>(next_width_);
+  oracle_internal::HugeVector<uint8_t> next(window_.size() * stride * width, 0);
   // Carry over the segments still in the window (planned ones no longer read theirs).
   for (Iteration i = next_plan_; i < pushed_; ++i) {
     const size_t w = static_cast<size_t>(i % window_.size());
     const size_t size = window(i).trainers[trainer].tables[table].rows.size();
-    std::copy_n(track.next.data() + w * track.next_stride, size, next.data() + w * stride);
+    std::copy_n(track.next.data() + w * track.next_stride * width, size * width,
+                next.data() + w * stride * width);
   }
   track.next.swap(next);
   track.next_stride = stride;

@@ -35,6 +35,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <map>
@@ -59,6 +60,26 @@ namespace oracle_internal {
 // Dense tables up to this many rows (32-byte records: 32 KiB) stay in the caches; the loops over
 // their records do not prefetch.
 inline constexpr int64_t kDenseNoPrefetchRows = 1024;
+
+// Bytes that hold every next-use distance in a window of `lookahead` batches (a distance is at
+// most lookahead - 1).
+inline int NextUseWidth(int lookahead) {
+  if (lookahead <= 256) return 1;
+  if (lookahead <= 65536) return 2;
+  return 4;
+}
+
+// Next-use distances stored in `width` bytes (native byte order).
+inline void StoreNextUse(uint8_t* at, int32_t distance, int width) {
+  if (width == 1) {
+    *at = static_cast<uint8_t>(distance);
+  } else if (width == 2) {
+    const uint16_t narrow = static_cast<uint16_t>(distance);
+    std::memcpy(at, &narrow, sizeof(narrow));
+  } else {
+    std::memcpy(at, &distance, sizeof(distance));
+  }
+}
 
 // A row evicted at the boundary being planned.
 struct Victim {
@@ -139,10 +160,12 @@ struct TableTrack {
   EvictionQueue lru;                     // kOracle, kLru: rows with no known next use
   std::map<int64_t, EvictionQueue> lfu;  // kLfu: by use count
   NextUseBuckets buckets;                // rows with a known next use
-  // Next-use distances of the window's segments: window slot w owns
-  // [w * next_stride, w * next_stride + its row count). One huge-page array rather than a
-  // vector per segment: the links written when a batch enters land at random in it.
-  HugeVector<int32_t> next;
+  // Next-use distances of the window's segments: window slot w owns entries
+  // [w * next_stride, w * next_stride + its row count), each Planner::Impl::next_width_ bytes
+  // (NextUseWidth). One huge-page array rather than a vector per segment: the links written when
+  // a batch enters land at random in it, and the narrower the entries, the more of it the caches
+  // hold (one byte an entry for L <= 256: a quarter of 4-byte entries).
+  HugeVector<uint8_t> next;
   size_t next_stride = 0;
   // One trainer: records of evicted rows waiting for their write-back stamp to expire.
   std::deque<std::pair<Iteration, int64_t>> expiry;  // (evicted at, row id)
@@ -270,9 +293,11 @@ class Planner::Impl {
   using Segment = oracle_internal::Segment;
 
   WindowBatch& window(Iteration i) { return window_[static_cast<size_t>(i % window_.size())]; }
-  // The next-use distances of a trainer's segment of `table` in window batch `i`.
-  int32_t* NextUses(oracle_internal::TableTrack& track, Iteration i) {
-    return track.next.data() + static_cast<size_t>(i % window_.size()) * track.next_stride;
+  // The next-use distances of a trainer's segment of `table` in window batch `i`: entries of
+  // next_width_ bytes.
+  uint8_t* NextUses(oracle_internal::TableTrack& track, Iteration i) {
+    return track.next.data() +
+           static_cast<size_t>(i % window_.size()) * track.next_stride * next_width_;
   }
   // Makes room for a segment of `rows` rows in the next-use arena (keeps the live segments).
   void ReserveNextUses(int trainer, int table, size_t rows);
@@ -327,6 +352,8 @@ class Planner::Impl {
   int trainers_ = 1;
   int tables_ = 0;
   int lookahead_ = 1;  // effective: options_.lookahead for kOracle, else 1
+  // Bytes of a next-use distance (oracle_internal::NextUseWidth of lookahead_).
+  int next_width_ = 4;
   int emit_lag_ = 2;
   int64_t horizon_ = kDefaultWritebackHorizon;
   int64_t capacity_ = 0;

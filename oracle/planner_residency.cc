@@ -341,18 +341,27 @@ void Planner::Impl::Apply(int trainer, int table, Iteration i) {
   const int32_t n = static_cast<int32_t>(seg.rows.size());
   std::copy(seg.slots.begin(), seg.slots.end(), plan.unique_slots.begin() + seg.first_unique);
   if (!queued_policy()) return;
-  const int32_t* next = NextUses(track, i);
   // Rows used again in the window go to the bucket of their next use; the others join the queue
   // of evictable rows, in a second pass that prefetches their slot states (random accesses)
   // a fixed distance ahead.
   std::vector<int32_t>& idle = seg.idle;
   idle.clear();
-  for (int32_t p = 0; p < n; ++p) {
-    if (next[p] > 0) {
-      track.buckets.Add(seg.slots[p], i + next[p]);
-    } else {
-      idle.push_back(p);
+  auto sort_rows = [&](const auto* next) {
+    for (int32_t p = 0; p < n; ++p) {
+      if (next[p] > 0) {
+        track.buckets.Add(seg.slots[p], i + next[p]);
+      } else {
+        idle.push_back(p);
+      }
     }
+  };
+  const uint8_t* next = NextUses(track, i);
+  if (next_width_ == 1) {
+    sort_rows(next);
+  } else if (next_width_ == 2) {
+    sort_rows(reinterpret_cast<const uint16_t*>(next));
+  } else {
+    sort_rows(reinterpret_cast<const int32_t*>(next));
   }
   const size_t idle_count = idle.size();
   for (size_t k = 0; k < idle_count; ++k) {

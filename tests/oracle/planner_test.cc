@@ -474,6 +474,35 @@ TEST(PlannerTest, MissCountsMatchADirectApplicationOfEachPolicy) {
   }
 }
 
+// Next-use distances are stored in one byte up to L = 256 and two bytes beyond: rows that come
+// back after more than 255 batches must still be evicted in Belady's order.
+TEST(PlannerTest, LongLookaheadsKeepExactNextUses) {
+  TraceSpec spec;
+  spec.table_rows = {1500};
+  spec.alpha = 0.0;  // uniform: a row comes back every few hundred batches
+  spec.batches = 700;
+  spec.batch_size = 4;
+  spec.seed = 11;
+  const auto trace = MakeTrace(spec);
+  const Schema schema = TraceSchema(spec);
+  const auto demand = Demand(trace, schema, 1);
+  const int64_t ws = MaxWorkingSet(trace, schema, 1);
+  for (int lookahead : {255, 256, 257, 400}) {
+    for (int64_t capacity : {ws + 30, ws + 200}) {
+      SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " L " << lookahead);
+      const PlannerRun run =
+          RunPlanner(Options(schema, CachePolicy::kOracle, capacity, lookahead), trace);
+      ASSERT_EQ(run.plans.size(), trace.size());
+      const std::vector<int64_t> expected =
+          ReferenceMisses(demand[0], CachePolicy::kOracle, capacity, lookahead);
+      for (size_t i = 0; i < trace.size(); ++i) {
+        ASSERT_EQ(static_cast<int64_t>(run.plans[i][0].fills.size()), expected[i])
+            << "iteration " << i;
+      }
+    }
+  }
+}
+
 TEST(PlannerTest, PlansAreDeterministic) {
   TraceSpec spec;
   spec.batches = 25;
