@@ -101,12 +101,11 @@ void BM_PlanBatch(benchmark::State& state) {
   };
 
   // Warm up to the steady state: fill the window (from then on every Push plans and releases
-  // one iteration), then plan until every trainer's cache is full, then kSettleIterations more
-  // so that evictions and write-back expiries run at their steady rate. Timing the iterations
-  // that still fill free slots would leave out the eviction work. The settling also waits for
-  // L planned iterations: a batch's plan is recycled a whole window after it entered, and the
-  // first recycling of each buffer may still grow it (a one-time cost of a run's start); the
-  // measured batches reuse buffers recycled twice.
+  // one iteration), plan until every trainer's cache is full, then L + kSettleIterations more.
+  // Timing the iterations that still fill free slots would leave out the eviction work, and
+  // while the caches fill, the buffers the planner keeps per window batch or gets back through
+  // Recycle keep growing (a one-time cost of a run's start): one more window lets every one of
+  // them see steady-state batches.
   const int64_t full = options.capacity * trainers;
   int64_t settle = -1;  // iterations left once the caches are full
   for (int b = 0; b < kMaxWarmupBatches && settle != 0; ++b) {
@@ -115,12 +114,10 @@ void BM_PlanBatch(benchmark::State& state) {
       return;
     }
     recycle();
-    const PlannerStats stats = (*planner)->stats();
     if (settle > 0) {
       --settle;
-    } else if (settle < 0 && stats.resident_rows >= full &&
-               stats[PlannerCounter::kIterations] >= kLookahead) {
-      settle = kSettleIterations;
+    } else if (settle < 0 && (*planner)->stats().resident_rows >= full) {
+      settle = kLookahead + kSettleIterations;
     }
   }
   if (settle != 0) {
