@@ -42,6 +42,35 @@ constexpr std::string_view kPhaseNames[kNumPlannerPhases] = {
     "entry", "classify", "victims", "apply", "consistency", "assemble", "release",
 };
 
+// Batch validation scans (Validate). Each has a copy compiled for AVX2 (chosen at load time
+// where the processor has it; the baseline build targets plain x86-64): they are most of a
+// batch's checking, and it reads every id and offset.
+//
+// The OR over offsets[0, n) of offset | (next offset - offset): its sign bit is set iff an
+// offset is negative or (all being non-negative, so the difference cannot wrap) decreases.
+__attribute__((target_clones("avx2", "default"))) uint64_t OffsetFlags(const int64_t* offsets,
+                                                                       int64_t n) {
+  uint64_t flags = 0;
+  for (int64_t s = 0; s < n; ++s) {
+    const uint64_t here = static_cast<uint64_t>(offsets[s]);
+    flags |= here | (static_cast<uint64_t>(offsets[s + 1]) - here);
+  }
+  return flags;
+}
+
+// The OR over ids[0, n) of id | (rows - 1 - id): its sign bit is set iff an id is negative (its
+// own sign bit) or at least `rows` (that of rows - 1 - id; ids and rows below 2^63).
+__attribute__((target_clones("avx2", "default"))) uint64_t IdFlags(const int64_t* ids, int64_t n,
+                                                                   uint64_t rows) {
+  const uint64_t last = rows - 1;
+  uint64_t flags = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const uint64_t id = static_cast<uint64_t>(ids[j]);
+    flags |= id | (last - id);
+  }
+  return flags;
+}
+
 // Revivals whose slot states Link prefetches ahead.
 constexpr size_t kRevivalsAhead = 8;
 
@@ -513,14 +542,8 @@ absl::Status Planner::Impl::Validate(int trainer, int table, const Batch& batch,
   const ShardRange range = ShardOf(batch.num_samples, trainers_, trainer);
   const int64_t* offsets = batch.offsets.data() + table * static_cast<int64_t>(batch.num_samples);
   // Both scans are branch-free so that they vectorise; the exact loops below only run to name
-  // the culprit. A word with its sign bit set flags a problem: a negative offset, or (all
-  // offsets being non-negative, so the difference cannot wrap) a decreasing one.
-  uint64_t offsets_flags = 0;
-  for (int32_t s = range.begin; s < range.end; ++s) {
-    const uint64_t here = static_cast<uint64_t>(offsets[s]);
-    offsets_flags |= here | (static_cast<uint64_t>(offsets[s + 1]) - here);
-  }
-  if (static_cast<int64_t>(offsets_flags) < 0) {
+  // the culprit.
+  if (static_cast<int64_t>(OffsetFlags(offsets + range.begin, range.end - range.begin)) < 0) {
     for (int32_t s = range.begin; s < range.end; ++s) {
       if (offsets[s + 1] < offsets[s] || offsets[s] < 0) {
         return absl::InvalidArgumentError(
@@ -531,14 +554,9 @@ absl::Status Planner::Impl::Validate(int trainer, int table, const Batch& batch,
   }
   const uint64_t rows = static_cast<uint64_t>(options_.schema.table_rows[table]);
   const int64_t* ids = batch.ids.data();
-  // id < 0 sets the sign bit of the id, id >= rows that of rows - 1 - id (ids below 2^63).
-  const uint64_t last = rows - 1;
-  uint64_t id_flags = 0;
-  for (int64_t j = offsets[range.begin]; j < offsets[range.end]; ++j) {
-    const uint64_t id = static_cast<uint64_t>(ids[j]);
-    id_flags |= id | (last - id);
-  }
-  const bool bad = static_cast<int64_t>(id_flags) < 0;
+  const bool bad =
+      static_cast<int64_t>(
+          IdFlags(ids + offsets[range.begin], offsets[range.end] - offsets[range.begin], rows)) < 0;
   if (!bad) return absl::OkStatus();
   for (int32_t s = range.begin; s < range.end; ++s) {
     for (int64_t j = offsets[s]; j < offsets[s + 1]; ++j) {
