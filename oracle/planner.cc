@@ -268,8 +268,8 @@ absl::Status Planner::Impl::Init() {
   for (oracle_internal::TableSync& s : sync_) {
     s.private_rows.resize(trainers_);
     s.shared.resize(trainers_);
-    s.send.resize(trainers_);
-    s.recv.resize(trainers_);
+    s.send.resize(static_cast<size_t>(trainers_ * trainers_));
+    s.recv.resize(static_cast<size_t>(trainers_ * trainers_));
     s.own.resize(trainers_);
     s.qs.resize(trainers_);
   }
@@ -356,6 +356,7 @@ void Planner::Impl::Recycle(std::vector<TrainerPlan> plans) {
     if (spare_planning_.size() < keep) {
       TrainerPlan shell;
       ForEachPlanningBuffer(shell, plan, [](int, auto& to, auto& from) { to.swap(from); });
+      shell.peers.swap(plan.peers);  // Assemble reuses their lists
       spare_planning_.push_back(std::move(shell));
     }
     if (spare_entry_.size() < keep) spare_entry_.push_back(std::move(plan));
@@ -396,6 +397,7 @@ void Planner::Impl::SparePlanningBuffers(Iteration i) {
     if (spare_planning_.empty()) return;
     ForEachPlanningBuffer(slice.plan, spare_planning_.back(),
                           [&](int k, auto& to, auto& from) { TakeSpare(k, to, from, false); });
+    slice.plan.peers.swap(spare_planning_.back().peers);
     spare_planning_.pop_back();
   }
 }

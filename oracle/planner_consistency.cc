@@ -231,14 +231,16 @@ void Planner::Impl::Consistency(int table, Iteration i) {
       std::vector<SharedOut>& out = sync.shared[h];
       const int32_t local = static_cast<int32_t>(out.size());
       out.push_back({SharedRow{slot, row, own, false}, static_cast<int32_t>(q)});
+      std::vector<int32_t>* const send = &sync.send[static_cast<size_t>(h) * trainers];
+      std::vector<int32_t>* const recv = &sync.recv[static_cast<size_t>(h) * trainers];
       if (own >= 0) {
         for (uint64_t peers = g.holders & ~Bit(h); peers != 0; peers &= peers - 1) {
-          sync.send[h].emplace_back(std::countr_zero(peers), local);
+          send[std::countr_zero(peers)].push_back(local);
           ++sync.exchanged;
         }
       }
       for (uint64_t peers = g.touchers & ~Bit(h); peers != 0; peers &= peers - 1) {
-        sync.recv[h].emplace_back(std::countr_zero(peers), local);
+        recv[std::countr_zero(peers)].push_back(local);
       }
     }
   }
@@ -249,6 +251,8 @@ void Planner::Impl::Assemble(int trainer, Iteration i) {
   TrainerPlan& plan = slice.plan;
   plan.private_unique.clear();
   plan.shared.clear();
+  // The per-peer lists of a recycled plan (SparePlanningBuffers) keep their capacity.
+  std::vector<PeerExchange> spare = std::move(plan.peers);
   plan.peers.clear();
   slice.shared_flags.clear();
   if (options_.policy == CachePolicy::kOff) {
@@ -259,26 +263,38 @@ void Planner::Impl::Assemble(int trainer, Iteration i) {
     std::iota(plan.private_unique.begin(), plan.private_unique.end(), 0);
     return;
   }
-  std::vector<std::vector<int32_t>> send(static_cast<size_t>(trainers_));
-  std::vector<std::vector<int32_t>> recv(static_cast<size_t>(trainers_));
+  const size_t trainers = static_cast<size_t>(trainers_);
+  const size_t first = static_cast<size_t>(trainer) * trainers;  // this trainer's (h, peer) lists
   // Sized once (the per-peer lists too, counted first): these lists hold up to a few hundred
   // thousand entries per iteration, and growing them reallocates fresh memory each time.
   size_t private_total = 0;
   size_t shared_total = 0;
-  std::vector<size_t> send_count(static_cast<size_t>(trainers_), 0);
-  std::vector<size_t> recv_count(static_cast<size_t>(trainers_), 0);
   for (const TableSync& sync : sync_) {
     private_total += sync.private_rows[trainer].size();
     shared_total += sync.shared[trainer].size();
-    for (const auto& [peer, local] : sync.send[trainer]) ++send_count[peer];
-    for (const auto& [peer, local] : sync.recv[trainer]) ++recv_count[peer];
   }
   plan.private_unique.reserve(private_total);
   plan.shared.reserve(shared_total);
   slice.shared_flags.reserve(shared_total);
   for (int peer = 0; peer < trainers_; ++peer) {
-    send[peer].reserve(send_count[peer]);
-    recv[peer].reserve(recv_count[peer]);
+    size_t send_count = 0;
+    size_t recv_count = 0;
+    for (const TableSync& sync : sync_) {
+      send_count += sync.send[first + static_cast<size_t>(peer)].size();
+      recv_count += sync.recv[first + static_cast<size_t>(peer)].size();
+    }
+    if (send_count == 0 && recv_count == 0) continue;
+    PeerExchange exchange;
+    if (!spare.empty()) {
+      exchange = std::move(spare.back());
+      spare.pop_back();
+      exchange.send.clear();
+      exchange.recv.clear();
+    }
+    exchange.peer = peer;
+    exchange.send.reserve(send_count);
+    exchange.recv.reserve(recv_count);
+    plan.peers.push_back(std::move(exchange));
   }
   for (int tb = 0; tb < tables_; ++tb) {
     const TableSync& sync = sync_[tb];
@@ -289,12 +305,16 @@ void Planner::Impl::Assemble(int trainer, Iteration i) {
       plan.shared.push_back(out.row);
       slice.shared_flags.emplace_back(tb, out.flag);
     }
-    for (const auto& [peer, local] : sync.send[trainer]) send[peer].push_back(offset + local);
-    for (const auto& [peer, local] : sync.recv[trainer]) recv[peer].push_back(offset + local);
-  }
-  for (int peer = 0; peer < trainers_; ++peer) {
-    if (send[peer].empty() && recv[peer].empty()) continue;
-    plan.peers.push_back(PeerExchange{peer, std::move(send[peer]), std::move(recv[peer])});
+    // Per peer, the table's lists follow the earlier tables', shifted past their shared rows.
+    for (PeerExchange& exchange : plan.peers) {
+      auto append = [offset](std::vector<int32_t>& to, const std::vector<int32_t>& from) {
+        const size_t at = to.size();
+        to.resize(at + from.size());
+        for (size_t k = 0; k < from.size(); ++k) to[at + k] = offset + from[k];
+      };
+      append(exchange.send, sync.send[first + static_cast<size_t>(exchange.peer)]);
+      append(exchange.recv, sync.recv[first + static_cast<size_t>(exchange.peer)]);
+    }
   }
 }
 

@@ -82,14 +82,16 @@ void Planner::Impl::PlanDevice(int table, Iteration i) {
       const RowId row = base + static_cast<RowId>(sync.ids[q]);
       const int32_t own = sync.own[h][s];
       out.push_back({SharedRow{static_cast<SlotId>(row), row, own, false}, s});
+      std::vector<int32_t>* const send = &sync.send[static_cast<size_t>(h * trainers_)];
+      std::vector<int32_t>* const recv = &sync.recv[static_cast<size_t>(h * trainers_)];
       if (own >= 0) {
         for (uint64_t peers = others; peers != 0; peers &= peers - 1) {
-          sync.send[h].emplace_back(std::countr_zero(peers), s);
+          send[std::countr_zero(peers)].push_back(s);
           ++sync.exchanged;
         }
       }
       for (uint64_t peers = sync.touch_masks[q] & others; peers != 0; peers &= peers - 1) {
-        sync.recv[h].emplace_back(std::countr_zero(peers), s);
+        recv[std::countr_zero(peers)].push_back(s);
       }
     }
   }

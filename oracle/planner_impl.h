@@ -221,10 +221,12 @@ struct SharedOut {
 // Per table, per iteration output of Consistency, consumed by Assemble.
 struct TableSync {
   std::vector<FlushOrder> flushes;
-  std::vector<std::vector<int32_t>> private_rows;          // per trainer, unique_rows indices
-  std::vector<std::vector<SharedOut>> shared;              // per trainer, RowId order
-  std::vector<std::vector<std::pair<int, int32_t>>> send;  // per trainer: (peer, local index)
-  std::vector<std::vector<std::pair<int, int32_t>>> recv;
+  std::vector<std::vector<int32_t>> private_rows;  // per trainer, unique_rows indices
+  std::vector<std::vector<SharedOut>> shared;      // per trainer, RowId order
+  // Per (trainer h, peer) at [h * trainers + peer]: indices into shared[h] of the rows h sends
+  // to the peer / receives from it, in shared-row order.
+  std::vector<std::vector<int32_t>> send;
+  std::vector<std::vector<int32_t>> recv;
   std::vector<uint32_t> touched;  // GlobalRow handles touched at the iteration
   // Per touched row, per trainer: the row's position in the trainer's Segment, or -1.
   std::vector<int32_t> touch_pos;
