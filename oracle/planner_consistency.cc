@@ -37,9 +37,16 @@ void Planner::Impl::MarkNow(Iteration i, int table, int32_t flag) {
 void Planner::Impl::Expire(int table, Iteration i) {
   GlobalTable& gt = globals_[table];
   const Iteration limit = i - horizon_;
-  while (!gt.expiry.empty() && gt.expiry.front().pushed < limit) {
-    const oracle_internal::Expiry e = gt.expiry.front();
-    gt.expiry.pop_front();
+  size_t due = 0;
+  while (due < gt.expiry.size() && gt.expiry[due].pushed < limit) ++due;
+  // Records and index entries prefetched ahead: each is a miss, and the index entry is erased.
+  for (size_t k = 0; k < due; ++k) {
+    if (k + kAhead < due) {
+      const oracle_internal::Expiry& ahead = gt.expiry[k + kAhead];
+      __builtin_prefetch(&gt.rows[ahead.handle]);
+      gt.index.Prefetch(ahead.id);
+    }
+    const oracle_internal::Expiry& e = gt.expiry[k];
     const GlobalRow& g = gt.rows[e.handle];
     // The record may have been freed (and reused) since; it is forgotten only if it is still
     // this row's, nobody holds it and its stamp is older than the horizon.
@@ -48,6 +55,7 @@ void Planner::Impl::Expire(int table, Iteration i) {
       gt.rows.Free(e.handle);
     }
   }
+  gt.expiry.erase(gt.expiry.begin(), gt.expiry.begin() + static_cast<std::ptrdiff_t>(due));
 }
 
 void Planner::Impl::Consistency(int table, Iteration i) {
