@@ -7,6 +7,7 @@
 
 #include "core/random.h"
 #include "gtest/gtest.h"
+#include "oracle/huge_pages.h"
 
 namespace bagpipe::oracle_internal {
 namespace {
@@ -94,6 +95,24 @@ TEST(BatchDedupTest, NumbersDistinctKeysInFirstOccurrenceOrder) {
     }
     EXPECT_EQ(positions, (std::vector<int32_t>{0, 1, 0, 2, 1, 3}));
     EXPECT_EQ(dedup.size(), 4);
+  }
+}
+
+// Arrays of 2 MiB or more get mappings of their own, aligned to 2 MiB; they grow, shrink and go
+// away like any vector's storage, contents intact.
+TEST(HugePageAllocatorTest, LargeArraysAreAlignedMappingsThatKeepTheirContents) {
+  HugeVector<uint32_t> small(1000, 7);  // below 2 MiB: operator new
+  EXPECT_EQ(small[999], 7u);
+  for (size_t words : {kHugePageBytes / 4, kHugePageBytes / 4 + 1, 3 * kHugePageBytes / 4 + 5}) {
+    HugeVector<uint32_t> large(words);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(large.data()) % kHugePageBytes, 0u) << words;
+    for (size_t k = 0; k < words; ++k) large[k] = static_cast<uint32_t>(k * 2654435761u);
+    large.resize(2 * words + 3, 1);  // a new mapping; the old one is unmapped
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(large.data()) % kHugePageBytes, 0u) << words;
+    for (size_t k = 0; k < words; ++k) ASSERT_EQ(large[k], static_cast<uint32_t>(k * 2654435761u));
+    EXPECT_EQ(large.back(), 1u);
+    large.shrink_to_fit();
+    EXPECT_EQ(large[words - 1], static_cast<uint32_t>((words - 1) * 2654435761u));
   }
 }
 
