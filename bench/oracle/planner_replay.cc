@@ -1,0 +1,352 @@
+// Replays a synthetic Criteo-Kaggle-like stream through the planner and prints, as one JSON
+// line, a digest of every plan it produced and the steady-state time per batch and per phase.
+//
+// What it is for: checking that a change to the planner leaves its plans byte-identical (the
+// digest covers every field of every plan, the Drain plans included) and timing it without the
+// batch generator in the way. The batches are generated (or read from --cache) before the first
+// Push; each is copied into the batch the planner handed back just before it is pushed, as a
+// loader would (warm in the caches); popped plans are hashed and recycled outside the timing.
+//
+//   build/bench/oracle/oracle_planner_replay --trainers 1 --threads 2 --warmup 420 --measure 150
+//
+// Timing runs on this project's 2-core VMs drift by up to 1.5x within minutes: compare builds
+// by alternating their runs, and prefer the digest and callgrind for exact answers.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "data/synthetic.h"
+#include "nlohmann/json.hpp"
+#include "oracle/planner.h"
+#include "tbb/global_control.h"
+#include "tbb/info.h"
+#include "xxhash.h"
+
+namespace bagpipe {
+namespace {
+
+// XXH3 over every field of every plan, in order.
+class PlanDigest {
+ public:
+  void Add(const TrainerPlan& p) {
+    Bytes(&p.iteration, sizeof(p.iteration));
+    Bytes(&p.trainer, sizeof(p.trainer));
+    Bytes(&p.num_trainers, sizeof(p.num_trainers));
+    Bytes(&p.first_sample, sizeof(p.first_sample));
+    Bytes(&p.num_samples, sizeof(p.num_samples));
+    Bytes(&p.global_samples, sizeof(p.global_samples));
+    Bytes(&p.num_dense, sizeof(p.num_dense));
+    Bytes(&p.num_tables, sizeof(p.num_tables));
+    Vector(p.labels);
+    Vector(p.dense);
+    Vector(p.offsets);
+    Vector(p.unique_index);
+    Vector(p.unique_rows);
+    Vector(p.unique_slots);
+    Count(p.extract.size());
+    for (const Extraction& e : p.extract) {
+      Bytes(&e.slot, sizeof(e.slot));
+      Bytes(&e.row, sizeof(e.row));
+      const uint8_t flags = static_cast<uint8_t>((e.evict ? 2 : 0) | (e.write_back ? 1 : 0));
+      Bytes(&flags, 1);
+    }
+    Count(p.fills.size());
+    for (const Fill& f : p.fills) {
+      Bytes(&f.slot, sizeof(f.slot));
+      Bytes(&f.row, sizeof(f.row));
+      Bytes(&f.after_stamp, sizeof(f.after_stamp));
+    }
+    Vector(p.private_unique);
+    Count(p.shared.size());
+    for (const SharedRow& s : p.shared) {
+      Bytes(&s.slot, sizeof(s.slot));
+      Bytes(&s.row, sizeof(s.row));
+      Bytes(&s.own_unique, sizeof(s.own_unique));
+      const uint8_t now = s.now ? 1 : 0;
+      Bytes(&now, 1);
+    }
+    Count(p.peers.size());
+    for (const PeerExchange& e : p.peers) {
+      Bytes(&e.peer, sizeof(e.peer));
+      Vector(e.send);
+      Vector(e.recv);
+    }
+  }
+  uint64_t value() const { return hash_; }
+
+ private:
+  void Bytes(const void* data, size_t size) { hash_ = XXH3_64bits_withSeed(data, size, hash_); }
+  void Count(uint64_t n) { Bytes(&n, sizeof(n)); }
+  template <typename T>
+  void Vector(const std::vector<T>& v) {
+    Count(v.size());
+    if (!v.empty()) Bytes(v.data(), v.size() * sizeof(T));
+  }
+  uint64_t hash_ = 0;
+};
+
+template <typename T>
+void WriteVector(std::ostream& out, const std::vector<T>& v) {
+  const uint64_t n = v.size();
+  out.write(reinterpret_cast<const char*>(&n), sizeof(n));
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(n * sizeof(T)));
+}
+
+template <typename T>
+bool ReadVector(std::istream& in, std::vector<T>* v) {
+  uint64_t n = 0;
+  if (!in.read(reinterpret_cast<char*>(&n), sizeof(n))) return false;
+  v->resize(n);
+  return static_cast<bool>(
+      in.read(reinterpret_cast<char*>(v->data()), static_cast<std::streamsize>(n * sizeof(T))));
+}
+
+// The stream, generated or read from a cache file written by an earlier run with the same
+// stream flags (the cache stores its own description and is regenerated when that differs).
+bool LoadStream(const SyntheticConfig& config, SampleSource& source, int64_t batch_size,
+                int batches, const std::string& cache, std::vector<Batch>* stream,
+                std::string* error) {
+  const std::string tag = "bagpipe-replay-v1 " + std::to_string(batch_size) + " " +
+                          std::to_string(batches) + " " + std::to_string(config.table_rows[2]) +
+                          " " + std::to_string(config.seed);
+  stream->assign(static_cast<size_t>(batches), Batch{});
+  if (!cache.empty()) {
+    std::ifstream in(cache, std::ios::binary);
+    std::string header;
+    if (in && std::getline(in, header) && header == tag) {
+      bool ok = true;
+      for (Batch& b : *stream) {
+        ok = ok && in.read(reinterpret_cast<char*>(&b.first_sample), sizeof(b.first_sample)) &&
+             in.read(reinterpret_cast<char*>(&b.num_samples), sizeof(b.num_samples)) &&
+             in.read(reinterpret_cast<char*>(&b.num_dense), sizeof(b.num_dense)) &&
+             in.read(reinterpret_cast<char*>(&b.num_tables), sizeof(b.num_tables)) &&
+             ReadVector(in, &b.labels) && ReadVector(in, &b.dense) && ReadVector(in, &b.offsets) &&
+             ReadVector(in, &b.ids);
+      }
+      if (ok) return true;
+    }
+  }
+  for (Batch& b : *stream) {
+    auto read = source.Read(batch_size, &b);
+    if (!read.ok() || *read != batch_size) {
+      *error = "the synthetic stream ended early";
+      return false;
+    }
+  }
+  if (!cache.empty()) {
+    std::ofstream out(cache, std::ios::binary | std::ios::trunc);
+    out << tag << '\n';
+    for (const Batch& b : *stream) {
+      out.write(reinterpret_cast<const char*>(&b.first_sample), sizeof(b.first_sample));
+      out.write(reinterpret_cast<const char*>(&b.num_samples), sizeof(b.num_samples));
+      out.write(reinterpret_cast<const char*>(&b.num_dense), sizeof(b.num_dense));
+      out.write(reinterpret_cast<const char*>(&b.num_tables), sizeof(b.num_tables));
+      WriteVector(out, b.labels);
+      WriteVector(out, b.dense);
+      WriteVector(out, b.offsets);
+      WriteVector(out, b.ids);
+    }
+  }
+  return true;
+}
+
+double CpuMs(int who) {
+  rusage usage{};
+  getrusage(who, &usage);
+  return (static_cast<double>(usage.ru_utime.tv_sec) + static_cast<double>(usage.ru_stime.tv_sec)) *
+             1e3 +
+         (static_cast<double>(usage.ru_utime.tv_usec) +
+          static_cast<double>(usage.ru_stime.tv_usec)) /
+             1e3;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app(
+      "Replays a synthetic Criteo-Kaggle-like stream through the planner; prints one JSON line "
+      "with the digest of every plan and the steady-state time per batch and per phase.");
+  int trainers = 1;
+  int threads = 0;
+  int warmup = 420;
+  int measure = 150;
+  int lookahead = 200;
+  int64_t batch_size = 16384;
+  double capacity_fraction = 0.05;
+  double scale = 1.0;
+  std::string policy_name = "oracle";
+  std::string cache;
+  int pause = 0;
+  app.add_option("--trainers", trainers, "trainers (1..64)")->capture_default_str();
+  app.add_option("--threads", threads, "TBB threads (0: all cores)")->capture_default_str();
+  app.add_option("--warmup", warmup, "batches pushed before the measured ones")
+      ->capture_default_str();
+  app.add_option("--measure", measure, "batches measured")->capture_default_str();
+  app.add_option("--lookahead,-L", lookahead, "L")->capture_default_str();
+  app.add_option("--batch-size,-b", batch_size, "samples per global batch")->capture_default_str();
+  app.add_option("--capacity-fraction", capacity_fraction, "cache rows per trainer / all rows")
+      ->capture_default_str();
+  app.add_option("--scale", scale, "multiplies the Kaggle table sizes (at least 2 rows)")
+      ->capture_default_str();
+  app.add_option("--policy", policy_name, "oracle, lru, lfu, off or device")->capture_default_str();
+  app.add_option("--cache", cache, "file keeping the generated stream between runs");
+  app.add_option("--pause", pause,
+                 "seconds to sleep before the measured batches (to attach a profiler to the "
+                 "printed pid)");
+  CLI11_PARSE(app, argc, argv);
+
+  auto policy = ParseCachePolicy(policy_name);
+  if (!policy.ok()) {
+    std::cerr << "planner_replay: " << policy.status().message() << "\n";
+    return 2;
+  }
+  if (warmup < 0 || measure < 1 || batch_size < 1 || scale <= 0) {
+    std::cerr << "planner_replay: --warmup >= 0, --measure >= 1, --batch-size >= 1 and "
+                 "--scale > 0 are required\n";
+    return 2;
+  }
+  tbb::global_control control(tbb::global_control::max_allowed_parallelism,
+                              threads > 0 ? threads : tbb::info::default_concurrency());
+  SyntheticConfig config;  // Kaggle tables, Zipf 1.05, one-hot
+  for (int64_t& rows : config.table_rows) {
+    rows = std::max<int64_t>(2, static_cast<int64_t>(static_cast<double>(rows) * scale));
+  }
+  const int batches = warmup + measure;
+  config.samples = batch_size * batches;
+  auto source = OpenSynthetic(config, SourceOptions{});
+  if (!source.ok()) {
+    std::cerr << "planner_replay: " << source.status().message() << "\n";
+    return 1;
+  }
+  std::vector<Batch> stream;
+  std::string error;
+  if (!LoadStream(config, **source, batch_size, batches, cache, &stream, &error)) {
+    std::cerr << "planner_replay: " << error << "\n";
+    return 1;
+  }
+
+  PlannerOptions options;
+  options.schema = (*source)->schema();
+  options.num_trainers = trainers;
+  options.capacity =
+      static_cast<int64_t>(static_cast<double>(options.schema.TotalRows()) * capacity_fraction);
+  options.lookahead = lookahead;
+  options.policy = *policy;
+  auto planner = Planner::Create(options);
+  if (!planner.ok()) {
+    std::cerr << "planner_replay: " << planner.status().message() << "\n";
+    return 1;
+  }
+
+  PlanDigest digest;
+  std::vector<std::vector<TrainerPlan>> popped;
+  auto pop_all = [&]() -> bool {
+    while (true) {
+      auto plans = (*planner)->Pop();
+      if (!plans.ok()) {
+        std::cerr << "planner_replay: " << plans.status().message() << "\n";
+        return false;
+      }
+      if (!plans->has_value()) return true;
+      popped.push_back(std::move(**plans));
+    }
+  };
+  auto consume = [&]() {
+    for (std::vector<TrainerPlan>& plans : popped) {
+      for (const TrainerPlan& plan : plans) digest.Add(plan);
+      (*planner)->Recycle(std::move(plans));
+    }
+    popped.clear();
+  };
+
+  Batch batch;  // the loader's batch: refilled from the stream, handed back by Push
+  PlannerStats before;
+  std::vector<double> times;
+  double cpu_ms = 0;
+  for (int b = 0; b < batches; ++b) {
+    if (b == warmup) {
+      if (pause > 0) {
+        std::cerr << "planner_replay: pid " << getpid() << ", measuring in " << pause << " s\n";
+        std::this_thread::sleep_for(std::chrono::seconds(pause));
+      }
+      before = (*planner)->stats();
+    }
+    const Batch& next = stream[static_cast<size_t>(b)];
+    batch.Reset(next.num_dense, next.num_tables);
+    batch.first_sample = next.first_sample;
+    batch.num_samples = next.num_samples;
+    batch.labels.assign(next.labels.begin(), next.labels.end());
+    batch.dense.assign(next.dense.begin(), next.dense.end());
+    batch.offsets.assign(next.offsets.begin(), next.offsets.end());
+    batch.ids.assign(next.ids.begin(), next.ids.end());
+    const double cpu_before = CpuMs(RUSAGE_SELF);
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status status = (*planner)->Push(std::move(batch), &batch);
+    if (!status.ok()) {
+      std::cerr << "planner_replay: " << status.message() << "\n";
+      return 1;
+    }
+    if (!pop_all()) return 1;
+    const auto end = std::chrono::steady_clock::now();
+    if (b >= warmup) {
+      times.push_back(std::chrono::duration<double, std::milli>(end - start).count());
+      cpu_ms += CpuMs(RUSAGE_SELF) - cpu_before;
+    }
+    consume();
+  }
+  const PlannerStats after = (*planner)->stats();
+  if (absl::Status status = (*planner)->Finish(); !status.ok()) {
+    std::cerr << "planner_replay: " << status.message() << "\n";
+    return 1;
+  }
+  if (!pop_all()) return 1;
+  consume();
+  auto drain = (*planner)->Drain();
+  if (!drain.ok()) {
+    std::cerr << "planner_replay: " << drain.status().message() << "\n";
+    return 1;
+  }
+  for (const TrainerPlan& plan : *drain) digest.Add(plan);
+
+  const double iterations =
+      static_cast<double>(after[PlannerCounter::kIterations] - before[PlannerCounter::kIterations]);
+  double sum = 0;
+  for (double t : times) sum += t;
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(digest.value()));
+  nlohmann::json out = {
+      {"digest", hex},
+      {"batches_measured", times.size()},
+      {"ms_per_batch_mean", sum / static_cast<double>(times.size())},
+      {"ms_per_batch_median", sorted[sorted.size() / 2]},
+      {"cpu_ms_per_batch", cpu_ms / static_cast<double>(times.size())},
+      {"hits", after[PlannerCounter::kHits]},
+      {"misses", after[PlannerCounter::kMisses]},
+      {"evictions", after[PlannerCounter::kEvictions]},
+  };
+  nlohmann::json phases = nlohmann::json::object();
+  for (int k = 0; k < kNumPlannerPhases; ++k) {
+    phases[std::string(PlannerPhaseName(static_cast<PlannerPhase>(k)))] =
+        iterations > 0 ? (after.phase_seconds[k] - before.phase_seconds[k]) * 1e3 / iterations
+                       : 0.0;
+  }
+  out["phase_ms"] = std::move(phases);
+  std::cout << out.dump() << "\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace bagpipe
+
+int main(int argc, char** argv) { return bagpipe::Main(argc, argv); }
