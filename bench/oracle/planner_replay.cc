@@ -186,6 +186,7 @@ int Main(int argc, char** argv) {
   std::string policy_name = "oracle";
   std::string cache;
   int pause = 0;
+  int64_t dense_max_rows = PlannerOptions{}.dense_index_max_rows;
   app.add_option("--trainers", trainers, "trainers (1..64)")->capture_default_str();
   app.add_option("--threads", threads, "TBB threads (0: all cores)")->capture_default_str();
   app.add_option("--warmup", warmup, "batches pushed before the measured ones")
@@ -198,6 +199,9 @@ int Main(int argc, char** argv) {
   app.add_option("--scale", scale, "multiplies the Kaggle table sizes (at least 2 rows)")
       ->capture_default_str();
   app.add_option("--policy", policy_name, "oracle, lru, lfu, off or device")->capture_default_str();
+  app.add_option("--dense-index-max-rows", dense_max_rows,
+                 "tables up to this many rows index their rows directly (PlannerOptions)")
+      ->capture_default_str();
   app.add_option("--cache", cache, "file keeping the generated stream between runs");
   app.add_option("--pause", pause,
                  "seconds to sleep before the measured batches (to attach a profiler to the "
@@ -241,6 +245,7 @@ int Main(int argc, char** argv) {
       static_cast<int64_t>(static_cast<double>(options.schema.TotalRows()) * capacity_fraction);
   options.lookahead = lookahead;
   options.policy = *policy;
+  options.dense_index_max_rows = dense_max_rows;
   auto planner = Planner::Create(options);
   if (!planner.ok()) {
     std::cerr << "planner_replay: " << planner.status().message() << "\n";
