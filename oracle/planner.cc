@@ -600,6 +600,10 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
   TableTrack& track = cache.tables[table];
   seg.rows.clear();
   seg.revived.clear();
+  const bool capture = capture_slots();
+  const bool several = trainers_ > 1;
+  seg.slots.clear();
+  seg.globals.clear();
   const ShardRange range = ShardOf(batch.num_samples, trainers_, trainer);
   const int64_t* offsets = batch.offsets.data() + table * static_cast<int64_t>(batch.num_samples);
   const int64_t begin = offsets[range.begin];
@@ -646,7 +650,13 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
     } else {
       pos = static_cast<int32_t>(seg.rows.size());
       seg.rows.push_back(base + static_cast<RowId>(ids[j]));
-      if (row.last_occ >= next_plan_) {
+      const bool in_window = row.last_occ >= next_plan_;
+      if (capture) {
+        seg.slots.push_back(
+            row.slot != kNoSlot ? row.slot : (in_window ? oracle_internal::kPendingSlot : kNoSlot));
+        if (several) seg.globals.push_back(row.global);
+      }
+      if (in_window) {
         // The window slot of last_occ, without a division: k - last_occ < window_.size().
         int64_t w = k_slot - (k32 - row.last_occ);
         if (w < 0) w += window_size;

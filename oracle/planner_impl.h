@@ -43,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/types.h"
@@ -81,6 +82,11 @@ inline void StoreNextUse(uint8_t* at, int32_t distance, int width) {
   }
 }
 
+// Segment::slots as Link leaves them, for a row not resident when its batch entered: the row
+// occurs earlier in the window, so the planning of that occurrence decides its slot (Classify
+// looks it up). kNoSlot there means the row is certainly a miss: nothing fills it before.
+inline constexpr SlotId kPendingSlot = -2;
+
 // A row evicted at the boundary being planned.
 struct Victim {
   SlotId slot;
@@ -104,9 +110,13 @@ struct Segment {
   int64_t first_id = 0;      // index of the table's first id in the plan's unique_index
   int64_t id_count = 0;      // ids of the table in the shard
   int32_t first_unique = 0;  // index of rows[0] in the plan's unique_rows
-  // Planning scratch, valid while the iteration is planned.
-  std::vector<SlotId> slots;  // resident slot of each row at Classify (kNoSlot: miss)
-  // Several trainers: each row's GlobalRow (set by Classify for hits, Consistency for fills).
+  // The resident slot of each row (kNoSlot: a miss), final after Classify. Under kOracle and
+  // kLru, Link already writes what it sees when the batch enters: a resident row keeps its
+  // slot until it is used here unless it is evicted as a row with a known next use (rare;
+  // TableTrack::stale lists those), so Classify only looks up kPendingSlot rows (see above).
+  std::vector<SlotId> slots;
+  // Several trainers: each row's GlobalRow (set by Classify, or by Link with the slots, for
+  // hits; by Consistency for fills).
   std::vector<uint32_t> globals;
   std::vector<int32_t> uses;     // kLfu: each row's use count including this use
   std::vector<int32_t> misses;   // positions of rows that are not resident
@@ -169,6 +179,11 @@ struct TableTrack {
   size_t next_stride = 0;
   // One trainer: records of evicted rows waiting for their write-back stamp to expire.
   std::deque<std::pair<Iteration, int64_t>> expiry;  // (evicted at, row id)
+  // Rows evicted while a known next use kept them in `buckets`: the window batches entered by
+  // then may hold their old slot in Segment::slots (kOracle), up to the last of those batches.
+  // Row id -> that batch; stale_order lists (batch, row id) in the order they were added.
+  absl::flat_hash_map<int64_t, Iteration> stale;
+  std::deque<std::pair<Iteration, int64_t>> stale_order;
 };
 
 struct TrainerCache {
@@ -303,6 +318,11 @@ class Planner::Impl {
   }
   // Makes room for a segment of `rows` rows in the next-use arena (keeps the live segments).
   void ReserveNextUses(int trainer, int table, size_t rows);
+  // Link writes Segment::slots (see kPendingSlot): the policies whose Classify only needs
+  // slots.
+  bool capture_slots() const {
+    return options_.policy == CachePolicy::kOracle || options_.policy == CachePolicy::kLru;
+  }
   bool queued_policy() const {
     return options_.policy == CachePolicy::kOracle || options_.policy == CachePolicy::kLru ||
            options_.policy == CachePolicy::kLfu;
@@ -329,6 +349,8 @@ class Planner::Impl {
 
   // planner_residency.cc
   void Classify(int trainer, int table, Iteration i);
+  // Classify when Link has written the slots (capture_slots()).
+  void ClassifyCaptured(int trainer, int table, Iteration i);
   // Returns false if the queues hold fewer victims than needed (an internal error).
   bool SelectVictims(int trainer, Iteration i);
   // Pops the queue victims SelectVictims assigned to `table` (kOracle, kLru); false if the queue
@@ -381,6 +403,8 @@ class Planner::Impl {
   std::vector<oracle_internal::GlobalTable> globals_;
   std::vector<oracle_internal::TableSync> sync_;
   tbb::enumerable_thread_specific<oracle_internal::BatchDedup> dedup_;
+  // Classify's scratch: positions in a segment.
+  tbb::enumerable_thread_specific<std::vector<int32_t>> positions_;
 
   PlannerStats stats_;
 };

@@ -57,6 +57,10 @@ void Planner::Impl::Classify(int trainer, int table, Iteration i) {
   seg.victims.clear();
   seg.victim_runs.clear();
   const int32_t n = static_cast<int32_t>(seg.rows.size());
+  if (capture_slots()) {
+    ClassifyCaptured(trainer, table, i);
+    return;
+  }
   seg.slots.resize(static_cast<size_t>(n));
   if (options_.policy == CachePolicy::kOff) {
     std::fill(seg.slots.begin(), seg.slots.end(), kNoSlot);
@@ -95,6 +99,54 @@ void Planner::Impl::Classify(int trainer, int table, Iteration i) {
     if (row.slot == kNoSlot) seg.misses.push_back(p);
     if (lfu) seg.uses[p] = ++row.uses;
   }
+}
+
+void Planner::Impl::ClassifyCaptured(int trainer, int table, Iteration i) {
+  Segment& seg = window(i).trainers[trainer].tables[table];
+  TableTrack& track = caches_[trainer].tables[table];
+  const int32_t n = static_cast<int32_t>(seg.rows.size());
+  const bool several = trainers_ > 1;
+  const RowId base = table_offsets_[table];
+  const RowId* rows = seg.rows.data();
+  SlotId* slots = seg.slots.data();
+  // Slots Link saw that a row with a known next use has lost since: look those rows up again.
+  while (!track.stale_order.empty() && track.stale_order.front().first < i) {
+    const auto [until, id] = track.stale_order.front();
+    track.stale_order.pop_front();
+    auto it = track.stale.find(id);
+    if (it != track.stale.end() && it->second == until) track.stale.erase(it);
+  }
+  if (!track.stale.empty()) {
+    for (int32_t p = 0; p < n; ++p) {
+      if (slots[p] >= 0 && track.stale.contains(static_cast<int64_t>(rows[p] - base))) {
+        slots[p] = oracle_internal::kPendingSlot;
+      }
+    }
+  }
+  // Branch-free passes: which rows to look up, then which rows miss.
+  std::vector<int32_t>& positions = positions_.local();
+  positions.resize(static_cast<size_t>(n));
+  int32_t* out = positions.data();
+  int32_t count = 0;
+  for (int32_t p = 0; p < n; ++p) {
+    out[count] = p;
+    count += slots[p] == oracle_internal::kPendingSlot ? 1 : 0;
+  }
+  for (int32_t k = 0; k < count; ++k) {
+    if (k + kAhead < count) {
+      track.rows.Prefetch(static_cast<int64_t>(rows[out[k + kAhead]] - base));
+    }
+    const int32_t p = out[k];
+    const TrainerRow& row = *track.rows.Find(static_cast<int64_t>(rows[p] - base));
+    slots[p] = row.slot;
+    if (several) seg.globals[p] = row.global;
+  }
+  count = 0;
+  for (int32_t p = 0; p < n; ++p) {
+    out[count] = p;
+    count += slots[p] == kNoSlot ? 1 : 0;
+  }
+  seg.misses.assign(out, out + count);
 }
 
 bool Planner::Impl::SelectVictims(int trainer, Iteration i) {
@@ -209,7 +261,15 @@ bool Planner::Impl::SelectVictims(int trainer, Iteration i) {
       for (int tb = 0; tb < tables_ && need > 0; ++tb) {
         oracle_internal::NextUseBuckets& buckets = c.tables[tb].buckets;
         while (need > 0 && buckets.count(b) > 0) {
-          add_victim(buckets.Pop(b, slots), tb);
+          const SlotId slot = buckets.Pop(b, slots);
+          if (capture_slots()) {
+            // The batches entered so far may hold this slot for the row (ClassifyCaptured).
+            TableTrack& track = c.tables[tb];
+            const int64_t id = static_cast<int64_t>(slots[slot].row - table_offsets_[tb]);
+            track.stale[id] = pushed_ - 1;
+            track.stale_order.emplace_back(pushed_ - 1, id);
+          }
+          add_victim(slot, tb);
           --need;
         }
       }

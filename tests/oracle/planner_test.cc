@@ -280,6 +280,19 @@ TEST(PlannerTest, OracleEvictsTheFurthestNextUse) {
   EXPECT_EQ(run.stats[PlannerCounter::kMisses], 4);
 }
 
+TEST(PlannerTest, OracleRefillsARowEvictedAfterItsNextBatchEntered) {
+  // Capacity 2, L = 3. Row 1 is resident (filled at 0) when batch 4 enters, which uses it
+  // again; planning iteration 2 then evicts it, the furthest next use, for row 3. Iteration 4
+  // must fill it again rather than read the slot it had when batch 4 entered (row 3's now).
+  const auto trace = Sequence({{1}, {2}, {3}, {2}, {1}});
+  const PlannerRun run = RunPlanner(Options(OneTable(10), CachePolicy::kOracle, 2, 3), trace);
+  ASSERT_EQ(run.plans.size(), 5u);
+  EXPECT_EQ(Evicted(run.plans[2][0]), std::vector<RowId>{1});
+  EXPECT_EQ(Evicted(run.plans[4][0]), std::vector<RowId>{3});
+  ASSERT_EQ(Filled(run.plans[4][0]), std::vector<RowId>{1});
+  EXPECT_EQ(run.plans[4][0].unique_slots, std::vector<SlotId>{run.plans[4][0].fills[0].slot});
+}
+
 TEST(PlannerTest, OracleKeepsRowsAfterTheirLastKnownUseWhileCapacityAllows) {
   // Row 1 reappears after the window (L = 2) and is still resident: a hit.
   const auto trace = Sequence({{1}, {2}, {3}, {4}, {1}});
