@@ -215,6 +215,11 @@ absl::Status Planner::Impl::Init() {
   std::iota(table_order_.begin(), table_order_.end(), 0);
   std::stable_sort(table_order_.begin(), table_order_.end(),
                    [&](int a, int b) { return o.schema.table_rows[a] > o.schema.table_rows[b]; });
+  capture_.resize(static_cast<size_t>(tables_));
+  for (int t = 0; t < tables_; ++t) {
+    capture_[t] = (o.policy == CachePolicy::kOracle || o.policy == CachePolicy::kLru) &&
+                  o.schema.table_rows[t] > o.capture_min_rows;
+  }
 
   window_.resize(static_cast<size_t>(lookahead_ + emit_lag_ + 2));
   for (WindowBatch& wb : window_) {
@@ -600,7 +605,7 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
   TableTrack& track = cache.tables[table];
   seg.rows.clear();
   seg.revived.clear();
-  const bool capture = capture_slots();
+  const bool capture = capture_slots(table);
   const bool several = trainers_ > 1;
   seg.slots.clear();
   seg.globals.clear();

@@ -112,6 +112,10 @@ struct PlannerOptions {
   bool build_batch = true;
   // Tables up to this many rows use direct-array row indexes (see the file comment).
   int64_t dense_index_max_rows = int64_t{1} << 20;
+  // kOracle, kLru: tables above this many rows record each row's slot when its batch enters,
+  // so that planning looks up only the rows that were not resident then (tables whose records
+  // stay cached gain nothing). Plans are the same for any value.
+  int64_t capture_min_rows = int64_t{1} << 16;
 };
 
 inline constexpr int64_t kDefaultWritebackHorizon = 64;

@@ -111,7 +111,8 @@ struct Segment {
   int64_t id_count = 0;      // ids of the table in the shard
   int32_t first_unique = 0;  // index of rows[0] in the plan's unique_rows
   // The resident slot of each row (kNoSlot: a miss), final after Classify. Under kOracle and
-  // kLru, Link already writes what it sees when the batch enters: a resident row keeps its
+  // kLru, for tables above kCaptureMinRows rows, Link already writes what it sees when the
+  // batch enters: a resident row keeps its
   // slot until it is used here unless it is evicted as a row with a known next use (rare;
   // TableTrack::stale lists those), so Classify only looks up kPendingSlot rows (see above).
   std::vector<SlotId> slots;
@@ -318,11 +319,9 @@ class Planner::Impl {
   }
   // Makes room for a segment of `rows` rows in the next-use arena (keeps the live segments).
   void ReserveNextUses(int trainer, int table, size_t rows);
-  // Link writes Segment::slots (see kPendingSlot): the policies whose Classify only needs
-  // slots.
-  bool capture_slots() const {
-    return options_.policy == CachePolicy::kOracle || options_.policy == CachePolicy::kLru;
-  }
+  // Link writes Segment::slots of `table` (see kPendingSlot): large tables, under the policies
+  // whose Classify only needs slots.
+  bool capture_slots(int table) const { return capture_[static_cast<size_t>(table)] != 0; }
   bool queued_policy() const {
     return options_.policy == CachePolicy::kOracle || options_.policy == CachePolicy::kLru ||
            options_.policy == CachePolicy::kLfu;
@@ -349,7 +348,7 @@ class Planner::Impl {
 
   // planner_residency.cc
   void Classify(int trainer, int table, Iteration i);
-  // Classify when Link has written the slots (capture_slots()).
+  // Classify when Link has written the slots (capture_slots(table)).
   void ClassifyCaptured(int trainer, int table, Iteration i);
   // Returns false if the queues hold fewer victims than needed (an internal error).
   bool SelectVictims(int trainer, Iteration i);
@@ -383,6 +382,7 @@ class Planner::Impl {
   int64_t capacity_ = 0;
   std::vector<RowId> table_offsets_;
   std::vector<int> table_order_;  // tables by row count, largest first (the order of parallel work)
+  std::vector<uint8_t> capture_;  // per table: capture_slots
 
   std::vector<WindowBatch> window_;
   Iteration pushed_ = 0;        // batches entered

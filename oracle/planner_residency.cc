@@ -57,7 +57,7 @@ void Planner::Impl::Classify(int trainer, int table, Iteration i) {
   seg.victims.clear();
   seg.victim_runs.clear();
   const int32_t n = static_cast<int32_t>(seg.rows.size());
-  if (capture_slots()) {
+  if (capture_slots(table)) {
     ClassifyCaptured(trainer, table, i);
     return;
   }
@@ -262,7 +262,7 @@ bool Planner::Impl::SelectVictims(int trainer, Iteration i) {
         oracle_internal::NextUseBuckets& buckets = c.tables[tb].buckets;
         while (need > 0 && buckets.count(b) > 0) {
           const SlotId slot = buckets.Pop(b, slots);
-          if (capture_slots()) {
+          if (capture_slots(tb)) {
             // The batches entered so far may hold this slot for the row (ClassifyCaptured).
             TableTrack& track = c.tables[tb];
             const int64_t id = static_cast<int64_t>(slots[slot].row - table_offsets_[tb]);

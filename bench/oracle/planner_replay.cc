@@ -187,6 +187,7 @@ int Main(int argc, char** argv) {
   std::string cache;
   int pause = 0;
   int64_t dense_max_rows = PlannerOptions{}.dense_index_max_rows;
+  int64_t capture_min_rows = PlannerOptions{}.capture_min_rows;
   app.add_option("--trainers", trainers, "trainers (1..64)")->capture_default_str();
   app.add_option("--threads", threads, "TBB threads (0: all cores)")->capture_default_str();
   app.add_option("--warmup", warmup, "batches pushed before the measured ones")
@@ -201,6 +202,9 @@ int Main(int argc, char** argv) {
   app.add_option("--policy", policy_name, "oracle, lru, lfu, off or device")->capture_default_str();
   app.add_option("--dense-index-max-rows", dense_max_rows,
                  "tables up to this many rows index their rows directly (PlannerOptions)")
+      ->capture_default_str();
+  app.add_option("--capture-min-rows", capture_min_rows,
+                 "tables above this many rows record slots at entry (PlannerOptions)")
       ->capture_default_str();
   app.add_option("--cache", cache, "file keeping the generated stream between runs");
   app.add_option("--pause", pause,
@@ -246,6 +250,7 @@ int Main(int argc, char** argv) {
   options.lookahead = lookahead;
   options.policy = *policy;
   options.dense_index_max_rows = dense_max_rows;
+  options.capture_min_rows = capture_min_rows;
   auto planner = Planner::Create(options);
   if (!planner.ok()) {
     std::cerr << "planner_replay: " << planner.status().message() << "\n";

@@ -65,6 +65,7 @@ PlannerOptions Options(Schema schema, CachePolicy policy, int64_t capacity, int 
   o.capacity = capacity;
   o.lookahead = lookahead;
   o.num_trainers = trainers;
+  o.capture_min_rows = 0;  // the path of large tables: slots recorded when a batch enters
   return o;
 }
 
@@ -285,12 +286,17 @@ TEST(PlannerTest, OracleRefillsARowEvictedAfterItsNextBatchEntered) {
   // again; planning iteration 2 then evicts it, the furthest next use, for row 3. Iteration 4
   // must fill it again rather than read the slot it had when batch 4 entered (row 3's now).
   const auto trace = Sequence({{1}, {2}, {3}, {2}, {1}});
-  const PlannerRun run = RunPlanner(Options(OneTable(10), CachePolicy::kOracle, 2, 3), trace);
-  ASSERT_EQ(run.plans.size(), 5u);
-  EXPECT_EQ(Evicted(run.plans[2][0]), std::vector<RowId>{1});
-  EXPECT_EQ(Evicted(run.plans[4][0]), std::vector<RowId>{3});
-  ASSERT_EQ(Filled(run.plans[4][0]), std::vector<RowId>{1});
-  EXPECT_EQ(run.plans[4][0].unique_slots, std::vector<SlotId>{run.plans[4][0].fills[0].slot});
+  for (const int64_t capture_min_rows : {int64_t{0}, int64_t{1} << 16}) {
+    SCOPED_TRACE(::testing::Message() << "capture_min_rows " << capture_min_rows);
+    PlannerOptions o = Options(OneTable(10), CachePolicy::kOracle, 2, 3);
+    o.capture_min_rows = capture_min_rows;
+    const PlannerRun run = RunPlanner(o, trace);
+    ASSERT_EQ(run.plans.size(), 5u);
+    EXPECT_EQ(Evicted(run.plans[2][0]), std::vector<RowId>{1});
+    EXPECT_EQ(Evicted(run.plans[4][0]), std::vector<RowId>{3});
+    ASSERT_EQ(Filled(run.plans[4][0]), std::vector<RowId>{1});
+    EXPECT_EQ(run.plans[4][0].unique_slots, std::vector<SlotId>{run.plans[4][0].fills[0].slot});
+  }
 }
 
 TEST(PlannerTest, OracleKeepsRowsAfterTheirLastKnownUseWhileCapacityAllows) {
@@ -471,6 +477,7 @@ TEST(PlannerTest, MissCountsMatchADirectApplicationOfEachPolicy) {
                          << " capacity " << capacity << " L " << lookahead);
             PlannerOptions o = Options(schema, policy, capacity, lookahead, trainers);
             if (capacity != ws) o.dense_index_max_rows = 0;  // hash-form row tables
+            if (capacity != ws + 5) o.capture_min_rows = 0;  // slots recorded at entry
             const PlannerRun run = RunPlanner(o, trace);
             ASSERT_EQ(run.plans.size(), trace.size());
             for (int t = 0; t < trainers; ++t) {
