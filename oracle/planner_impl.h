@@ -111,10 +111,10 @@ struct Segment {
   int64_t id_count = 0;      // ids of the table in the shard
   int32_t first_unique = 0;  // index of rows[0] in the plan's unique_rows
   // The resident slot of each row (kNoSlot: a miss), final after Classify. Under kOracle and
-  // kLru, for tables above kCaptureMinRows rows, Link already writes what it sees when the
-  // batch enters: a resident row keeps its
-  // slot until it is used here unless it is evicted as a row with a known next use (rare;
-  // TableTrack::stale lists those), so Classify only looks up kPendingSlot rows (see above).
+  // kLru, for tables above PlannerOptions::capture_min_rows rows, Link already writes what it
+  // sees when the batch enters: a resident row keeps its slot until it is used here unless it
+  // is evicted as a row with a known next use (rare; TableTrack::stale lists those), so
+  // Classify only looks up kPendingSlot rows (see above).
   std::vector<SlotId> slots;
   // Several trainers: each row's GlobalRow (set by Classify, or by Link with the slots, for
   // hits; by Consistency for fills).
