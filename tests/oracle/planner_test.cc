@@ -477,7 +477,8 @@ TEST(PlannerTest, MissCountsMatchADirectApplicationOfEachPolicy) {
                          << " capacity " << capacity << " L " << lookahead);
             PlannerOptions o = Options(schema, policy, capacity, lookahead, trainers);
             if (capacity != ws) o.dense_index_max_rows = 0;  // hash-form row tables
-            if (capacity != ws + 5) o.capture_min_rows = 0;  // slots recorded at entry
+            // ws + 5: Classify looks up every record (small tables' default path).
+            if (capacity == ws + 5) o.capture_min_rows = PlannerOptions{}.capture_min_rows;
             const PlannerRun run = RunPlanner(o, trace);
             ASSERT_EQ(run.plans.size(), trace.size());
             for (int t = 0; t < trainers; ++t) {
