@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "core/checks.h"
@@ -159,6 +160,8 @@ TEST(MetricsTest, JsonLinesAreOneObjectPerLine) {
     EXPECT_EQ(record["iteration"], ++lines);
   }
   EXPECT_EQ(lines, 2);
+  in.close();
+  std::filesystem::remove(path);
   EXPECT_FALSE(JsonLinesWriter::Open("/nonexistent/dir/x.jsonl").ok());
 }
 

@@ -5,17 +5,47 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
+#include <vector>
 
 #include "data/source.h"
 #include "gtest/gtest.h"
 
 namespace bagpipe {
 
-// A path in the test temp directory unique to this process (ctest runs tests in parallel).
+// The paths TestTempPath gave out; the files are removed when the test program exits (by the
+// process that named them, not by a forked child).
+class TestTempFiles {
+ public:
+  static TestTempFiles& Get() {
+    static TestTempFiles files;
+    return files;
+  }
+  void Add(const std::string& path) { paths_.push_back(path); }
+  ~TestTempFiles() {
+    if (::getpid() != owner_) return;
+    for (const std::string& path : paths_) {
+      std::error_code ignored;
+      std::filesystem::remove(path, ignored);
+    }
+  }
+
+ private:
+  TestTempFiles() : owner_(::getpid()) {}
+  pid_t owner_;
+  std::vector<std::string> paths_;
+};
+
+// A path in the test temp directory unique to this process (ctest runs tests in parallel),
+// removed when the test program exits.
 inline std::string TestTempPath(const std::string& prefix, const std::string& name) {
-  return ::testing::TempDir() + "/" + prefix + "_" + std::to_string(::getpid()) + "_" + name;
+  std::string path =
+      ::testing::TempDir() + "/" + prefix + "_" + std::to_string(::getpid()) + "_" + name;
+  TestTempFiles::Get().Add(path);
+  return path;
 }
 
 // Writes `text` to TestTempPath(prefix, name) and returns the path.
