@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -73,6 +74,102 @@ __attribute__((target_clones("avx2", "default"))) uint64_t IdFlags(const int64_t
 
 // Revivals whose slot states Link prefetches ahead.
 constexpr size_t kRevivalsAhead = 8;
+
+// What SegmentLinker::First reads and writes besides the record. `rows`, `slots` (if capture) and
+// `globals` (if capture and several) have room for every distinct row of the segment.
+struct LinkSetup {
+  const int64_t* ids;  // the segment's ids
+  RowId base;
+  int32_t k32;
+  Iteration next_plan;  // rows used at or after it are in the window
+  bool capture;
+  bool several;
+  bool revive;
+  uint8_t* arena;
+  size_t stride;
+  int64_t k_slot;  // the window slot of iteration k32
+  int64_t window_size;
+  int width;
+  RowId* rows;
+  SlotId* slots;
+  uint32_t* globals;
+  std::vector<oracle_internal::Revival>* revived;
+};
+
+// Link's work on the first occurrence of a row in a segment, kept out of the loops over ids
+// (most ids repeat a row seen earlier in the segment, and that path is a few instructions when
+// the loop holds nothing else in its registers). kWidth: the next-use width, 0 for `width` at
+// run time.
+template <int kWidth>
+class SegmentLinker {
+ public:
+  explicit SegmentLinker(const LinkSetup& setup) : s_(setup) {
+    for (PendingLink& p : pending_) p = {sink_, 0};
+  }
+
+  // The first occurrence in the segment of its j-th id, whose record is `row` (absent iff
+  // !row.present()): appends the row, links its previous occurrence in the window to this one,
+  // and returns its position in the segment.
+  __attribute__((noinline)) int32_t First(int64_t j, TrainerRow& row) {
+    const int32_t pos = distinct_++;
+    s_.rows[pos] = s_.base + static_cast<RowId>(s_.ids[j]);
+    const bool in_window = row.last_occ >= s_.next_plan;
+    if (s_.capture) {
+      s_.slots[pos] =
+          row.slot != kNoSlot ? row.slot : (in_window ? oracle_internal::kPendingSlot : kNoSlot);
+      if (s_.several) s_.globals[pos] = row.global;
+    }
+    if (in_window) {
+      // The window slot of last_occ, without a division: k - last_occ < window size.
+      int64_t w = s_.k_slot - (s_.k32 - row.last_occ);
+      if (w < 0) w += s_.window_size;
+      uint8_t* const at = s_.arena + (static_cast<size_t>(w) * s_.stride + row.last_pos) * width();
+      Link(at, s_.k32 - row.last_occ);
+    } else if (s_.revive && row.slot != kNoSlot) {
+      Revive(row);
+    }
+    row.last_occ = s_.k32;
+    row.last_pos = pos;
+    return pos;
+  }
+
+  // Stores the links still waiting; returns the segment's row count.
+  int32_t Finish() {
+    for (uint32_t d = 0; d < kDelay; ++d) {
+      const PendingLink& p = pending_[(head_ + d) % kDelay];
+      oracle_internal::StoreNextUse(p.at, p.distance, width());
+    }
+    return distinct_;
+  }
+
+ private:
+  // Next-use links land at random in the arena: each store waits in a ring of kDelay links while
+  // its line is prefetched for writing, so that the loop does not wait for the misses. The ring
+  // starts full of links into a sink, so that every link stores the one it replaces.
+  static constexpr uint32_t kDelay = 16;
+  struct PendingLink {
+    uint8_t* at;
+    int32_t distance;
+  };
+
+  int width() const { return kWidth != 0 ? kWidth : s_.width; }
+  // Rare (a resident row back in the window), and apart so that First needs few registers.
+  __attribute__((noinline, cold)) void Revive(const TrainerRow& row) {
+    s_.revived->push_back({row.slot, row.last_occ, row.uses});
+  }
+  void Link(uint8_t* at, int32_t distance) {
+    __builtin_prefetch(at, 1);
+    PendingLink& p = pending_[head_++ % kDelay];
+    oracle_internal::StoreNextUse(p.at, p.distance, width());
+    p = {at, distance};
+  }
+
+  const LinkSetup s_;
+  int32_t distinct_ = 0;
+  uint32_t head_ = 0;
+  PendingLink pending_[kDelay];
+  alignas(4) uint8_t sink_[4];
+};
 
 // Runs body(trainer, table) for every pair, in parallel. Workers take the pairs one at a time in
 // the order of `tables` (largest first: longest-processing-time-first scheduling), so that a few
@@ -603,100 +700,118 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
   Segment& seg = slice.tables[table];
   TrainerCache& cache = caches_[trainer];
   TableTrack& track = cache.tables[table];
-  seg.rows.clear();
   seg.revived.clear();
   const bool capture = capture_slots(table);
   const bool several = trainers_ > 1;
-  seg.slots.clear();
-  seg.globals.clear();
   const ShardRange range = ShardOf(batch.num_samples, trainers_, trainer);
   const int64_t* offsets = batch.offsets.data() + table * static_cast<int64_t>(batch.num_samples);
   const int64_t begin = offsets[range.begin];
-  const int64_t end = offsets[range.end];
+  const int64_t n = offsets[range.end] - begin;  // the segment's ids
   const Iteration k = wb.iteration;
   const int32_t k32 = static_cast<int32_t>(k);
-  const RowId base = table_offsets_[table];
-  const bool revive = queued_policy();
-  uint32_t* out = options_.build_batch ? slice.plan.unique_index.data() + seg.first_id : nullptr;
-  const int64_t* ids = batch.ids.data();
+  const int64_t* const ids = batch.ids.data() + begin;
   oracle_internal::RowTable<TrainerRow>& rows = track.rows;
-  rows.Reserve(static_cast<size_t>(end - begin));  // records stay put during the loop
-  // Next-use links land at random in the arena: each store is delayed by kDelay links and its
-  // line prefetched for writing meanwhile, so the loop does not wait for the misses.
-  constexpr int kDelay = 16;
-  struct PendingLink {
-    uint8_t* at;
-    int32_t distance;
-  };
-  PendingLink pending[kDelay];
-  int pending_count = 0;
-  int pending_head = 0;
-  const int width = next_width_;
-  auto link = [&](uint8_t* at, int32_t distance) {
-    __builtin_prefetch(at, 1);
-    if (pending_count == kDelay) {
-      oracle_internal::StoreNextUse(pending[pending_head].at, pending[pending_head].distance,
-                                    width);
-      pending[pending_head] = {at, distance};
-      pending_head = (pending_head + 1) % kDelay;
-    } else {
-      pending[(pending_head + pending_count++) % kDelay] = {at, distance};
-    }
-  };
-  uint8_t* const arena = track.next.data();
-  const size_t stride = track.next_stride;
-  const int64_t window_size = static_cast<int64_t>(window_.size());
-  const int64_t k_slot = k % window_size;
-  // The work of one id given its record; `row` was absent iff !row.present().
-  auto visit = [&](int64_t j, TrainerRow & row) __attribute__((always_inline)) {
-    int32_t pos;
-    if (row.last_occ == k32) {
-      pos = row.last_pos;  // a repeated id of this segment
-    } else {
-      pos = static_cast<int32_t>(seg.rows.size());
-      seg.rows.push_back(base + static_cast<RowId>(ids[j]));
-      const bool in_window = row.last_occ >= next_plan_;
-      if (capture) {
-        seg.slots.push_back(
-            row.slot != kNoSlot ? row.slot : (in_window ? oracle_internal::kPendingSlot : kNoSlot));
-        if (several) seg.globals.push_back(row.global);
-      }
-      if (in_window) {
-        // The window slot of last_occ, without a division: k - last_occ < window_.size().
-        int64_t w = k_slot - (k32 - row.last_occ);
-        if (w < 0) w += window_size;
-        link(arena + (static_cast<size_t>(w) * stride + row.last_pos) * width, k32 - row.last_occ);
-      } else if (revive && row.slot != kNoSlot) {
-        seg.revived.push_back({row.slot, row.last_occ, row.uses});
-      }
-      row.last_occ = k32;
-      row.last_pos = pos;
-    }
-    if (out != nullptr) out[j - begin] = static_cast<uint32_t>(pos);
-  };
-  constexpr int64_t kAhead = 32;
-  if (rows.dense()) {
-    // Most tables are small and dense: the loop without hashing or form tests, prefetching only
-    // when the records outgrow the caches.
-    const bool prefetch = options_.schema.table_rows[table] > oracle_internal::kDenseNoPrefetchRows;
-    int64_t inserts = 0;
-    for (int64_t j = begin; j < end; ++j) {
-      if (prefetch && j + kAhead < end) __builtin_prefetch(&rows.DenseRecord(ids[j + kAhead]));
-      TrainerRow& row = rows.DenseRecord(ids[j]);
-      inserts += row.present() ? 0 : 1;
-      visit(j, row);
-    }
-    rows.CountInserts(inserts);
-  } else {
-    for (int64_t j = begin; j < end; ++j) {
-      if (j + kAhead < end) rows.Prefetch(ids[j + kAhead]);
-      bool inserted;
-      visit(j, rows.FindOrInsert(ids[j], &inserted));
-    }
+  rows.Reserve(static_cast<size_t>(n));  // records stay put during the loop
+  // The segment has at most as many rows as ids (and as the table): its lists are sized for that
+  // up front, without initialisation, written through pointers and cut to size at the end.
+  const size_t bound = static_cast<size_t>(std::min<int64_t>(n, options_.schema.table_rows[table]));
+  seg.rows.clear();
+  seg.rows.resize(bound);
+  seg.slots.clear();
+  seg.globals.clear();
+  if (capture) {
+    seg.slots.resize(bound);
+    if (several) seg.globals.resize(bound);
   }
-  for (int k = 0; k < pending_count; ++k) {
-    const PendingLink& p = pending[(pending_head + k) % kDelay];
-    oracle_internal::StoreNextUse(p.at, p.distance, width);
+  const LinkSetup setup{
+      .ids = ids,
+      .base = table_offsets_[table],
+      .k32 = k32,
+      .next_plan = next_plan_,
+      .capture = capture,
+      .several = several,
+      .revive = queued_policy(),
+      .arena = track.next.data(),
+      .stride = track.next_stride,
+      .k_slot = k % static_cast<int64_t>(window_.size()),
+      .window_size = static_cast<int64_t>(window_.size()),
+      .width = next_width_,
+      .rows = seg.rows.data(),
+      .slots = seg.slots.data(),
+      .globals = seg.globals.data(),
+      .revived = &seg.revived,
+  };
+  uint32_t* const out =
+      options_.build_batch ? slice.plan.unique_index.data() + seg.first_id : nullptr;
+  constexpr int64_t kAhead = 32;
+  const int64_t ahead_end = std::max<int64_t>(0, n - kAhead);
+  // The loops over ids for next-use width kWidth (0: next_width_ at run time).
+  auto run = [&](auto width_tag) -> int32_t {
+    SegmentLinker<decltype(width_tag)::value> linker(setup);
+    if (rows.dense()) {
+      // Most tables are small and dense, and most of their ids repeat a row seen earlier in the
+      // segment: that path is a load and a compare (no hashing, no form tests), prefetching
+      // only when the records outgrow the caches. A record with last_occ = k is present, so only
+      // first occurrences count inserts.
+      const auto records = rows.dense_records();
+      int64_t inserts = 0;
+      auto visit = [&](int64_t j, auto write_out) __attribute__((always_inline)) {
+        TrainerRow& row = records[ids[j]];
+        int32_t pos;
+        if (row.last_occ == k32) [[likely]] {
+          pos = row.last_pos;
+        } else {
+          inserts += row.present() ? 0 : 1;
+          pos = linker.First(j, row);
+        }
+        if constexpr (decltype(write_out)::value) out[j] = static_cast<uint32_t>(pos);
+      };
+      auto loop = [&](auto write_out) {
+        int64_t j = 0;
+        if (options_.schema.table_rows[table] > oracle_internal::kDenseNoPrefetchRows) {
+          for (; j < ahead_end; ++j) {
+            __builtin_prefetch(&records[ids[j + kAhead]]);
+            visit(j, write_out);
+          }
+        }
+        for (; j < n; ++j) visit(j, write_out);
+      };
+      out != nullptr ? loop(std::true_type{}) : loop(std::false_type{});
+      rows.CountInserts(inserts);
+    } else {
+      const auto records = rows.hashed_records();
+      int64_t inserts = 0;
+      auto visit = [&](int64_t j) __attribute__((always_inline)) {
+        TrainerRow& row = records.FindOrInsert(ids[j], &inserts);
+        const int32_t pos = row.last_occ == k32 ? row.last_pos : linker.First(j, row);
+        if (out != nullptr) out[j] = static_cast<uint32_t>(pos);
+      };
+      int64_t j = 0;
+      for (; j < ahead_end; ++j) {
+        records.Prefetch(ids[j + kAhead]);
+        visit(j);
+      }
+      for (; j < n; ++j) visit(j);
+      rows.CountInserts(inserts);
+    }
+    return linker.Finish();
+  };
+  int32_t distinct;
+  switch (next_width_) {
+    case 1:
+      distinct = run(std::integral_constant<int, 1>{});
+      break;
+    case 2:
+      distinct = run(std::integral_constant<int, 2>{});
+      break;
+    default:
+      distinct = run(std::integral_constant<int, 0>{});
+      break;
+  }
+  seg.rows.resize(static_cast<size_t>(distinct));
+  if (capture) {
+    seg.slots.resize(static_cast<size_t>(distinct));
+    if (several) seg.globals.resize(static_cast<size_t>(distinct));
   }
   // Revivals after the loop, in id order, prefetching their slot states (random accesses that
   // stalled the loop when done in place).
@@ -709,7 +824,7 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
   }
   // This segment's own next-use distances start unknown.
   ReserveNextUses(trainer, table, seg.rows.size());
-  std::fill_n(NextUses(track, k), seg.rows.size() * width, 0);
+  std::fill_n(NextUses(track, k), seg.rows.size() * next_width_, 0);
 }
 
 void Planner::Impl::ReserveNextUses(int trainer, int table, size_t rows) {

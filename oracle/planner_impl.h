@@ -53,6 +53,7 @@
 #include "oracle/plan.h"
 #include "oracle/planner.h"
 #include "oracle/row_store.h"
+#include "oracle/uninit_vector.h"
 #include "tbb/enumerable_thread_specific.h"
 
 namespace bagpipe {
@@ -104,7 +105,7 @@ struct Revival {
 
 // One trainer's distinct rows of one table in one window batch.
 struct Segment {
-  std::vector<RowId> rows;  // first-occurrence order
+  UninitVector<RowId> rows;  // first-occurrence order
   // The distance from each row to its next occurrence on the trainer (0 = none) lives in the
   // TableTrack's next-use arena (Planner::Impl::NextUses).
   int64_t first_id = 0;      // index of the table's first id in the plan's unique_index
@@ -115,10 +116,10 @@ struct Segment {
   // sees when the batch enters: a resident row keeps its slot until it is used here unless it
   // is evicted as a row with a known next use (rare; TableTrack::stale lists those), so
   // Classify only looks up kPendingSlot rows (see above).
-  std::vector<SlotId> slots;
+  UninitVector<SlotId> slots;
   // Several trainers: each row's GlobalRow (set by Classify, or by Link with the slots, for
   // hits; by Consistency for fills).
-  std::vector<uint32_t> globals;
+  UninitVector<uint32_t> globals;
   std::vector<int32_t> uses;     // kLfu: each row's use count including this use
   std::vector<int32_t> misses;   // positions of rows that are not resident
   std::vector<Victim> victims;   // rows of this table the trainer evicts

@@ -37,6 +37,8 @@ inline size_t HomeBucket(int64_t id, int shift) {
 // next insertion that exceeds the last Reserve.
 template <typename Record>
 class RowTable {
+  struct Entry;
+
  public:
   void Init(int64_t table_rows, int64_t dense_max_rows) {
     dense_ = table_rows <= dense_max_rows;
@@ -94,6 +96,52 @@ class RowTable {
   // Dense form only: the record of `id`, present or not (the caller counts the records it makes
   // present with CountInserts). Lets a hot loop leave out FindOrInsert's form test.
   Record& DenseRecord(int64_t id) { return dense_records_[id].record; }
+  // Dense form only: DenseRecord through a copy of the array's address, which a hot loop keeps
+  // in a register (stores through the records cannot change it).
+  class DenseRecords {
+   public:
+    Record& operator[](int64_t id) const { return entries_[id].record; }
+
+   private:
+    friend class RowTable;
+    explicit DenseRecords(Entry* entries) : entries_(entries) {}
+    Entry* entries_;
+  };
+  DenseRecords dense_records() { return DenseRecords(dense_records_.data()); }
+
+  // Hashed form only: lookups and insertions that keep the table's address and shape in
+  // registers, for a hot loop that has made room first. Valid until the next Reserve, Erase or
+  // insertion through the RowTable itself.
+  class HashedRecords {
+   public:
+    // The record of `id`; an absent row is stored with Record::Absent() contents (the caller
+    // fills it in) and counted in *inserts (the caller passes the count to CountInserts).
+    // REQUIRES: Reserve() made room for this insertion.
+    Record& FindOrInsert(int64_t id, int64_t* inserts) const {
+      for (size_t b = HomeBucket(id, shift_);; b = (b + 1) & mask_) {
+        Entry& e = buckets_[b];
+        if (e.key == id) return e.record;
+        if (e.key == kEmptyKey) {
+          ++*inserts;
+          e.key = id;
+          e.record = Record::Absent();
+          return e.record;
+        }
+      }
+    }
+    void Prefetch(int64_t id) const { __builtin_prefetch(buckets_ + HomeBucket(id, shift_)); }
+
+   private:
+    friend class RowTable;
+    HashedRecords(Entry* buckets, size_t mask, int shift)
+        : buckets_(buckets), mask_(mask), shift_(shift) {}
+    Entry* buckets_;
+    size_t mask_;
+    int shift_;
+  };
+  HashedRecords hashed_records() { return HashedRecords(buckets_.data(), mask_, shift_); }
+
+  // Counts the records made present through DenseRecords or HashedRecords.
   void CountInserts(int64_t count) { size_ += static_cast<size_t>(count); }
 
   // Forgets `id` (absent: no-op).

@@ -496,8 +496,9 @@ TEST(PlannerTest, MissCountsMatchADirectApplicationOfEachPolicy) {
   }
 }
 
-// Next-use distances are stored in one byte up to L = 256 and two bytes beyond: rows that come
-// back after more than 255 batches must still be evicted in Belady's order.
+// Next-use distances are stored in one byte up to L = 256, two bytes up to 65536 and four
+// beyond: rows that come back after more than 255 batches must still be evicted in Belady's
+// order.
 TEST(PlannerTest, LongLookaheadsKeepExactNextUses) {
   TraceSpec spec;
   spec.table_rows = {1500};
@@ -509,7 +510,7 @@ TEST(PlannerTest, LongLookaheadsKeepExactNextUses) {
   const Schema schema = TraceSchema(spec);
   const auto demand = Demand(trace, schema, 1);
   const int64_t ws = MaxWorkingSet(trace, schema, 1);
-  for (int lookahead : {255, 256, 257, 400}) {
+  for (int lookahead : {255, 256, 257, 400, 70000}) {
     for (int64_t capacity : {ws + 30, ws + 200}) {
       SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " L " << lookahead);
       const PlannerRun run =
