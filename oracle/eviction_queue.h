@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/types.h"
+#include "oracle/uninit_vector.h"
 
 namespace bagpipe {
 namespace oracle_internal {
@@ -155,6 +156,64 @@ class NextUseBuckets {
     ++total_;
   }
 
+  // Adds the rows of a segment planned at iteration `i` (the first not consumed), in order: row
+  // p, in slot slots[p], waits for i + next[p] if next[p] > 0; the positions of the other rows
+  // (no known next use) go to `idle`, in order. Returns how many went there. The same as
+  // Add(slots[p], i + next[p]) for each row with next[p] > 0, without a branch per row (which
+  // rows have a next use follows no pattern a branch predictor could learn).
+  // REQUIRES: `idle` has room for n positions; i >= the first iteration not consumed and
+  // i + next[p] lies in the ring (see Init).
+  template <typename Distance>
+  int32_t AddSegment(const SlotId* slots, const Distance* next, int32_t n, Iteration i,
+                     int32_t* idle) {
+    // Sorted lists take each row apart anyway; a short segment is not worth the histograms.
+    if (indexed_ || n < kMinSegment) {
+      int32_t idle_count = 0;
+      for (int32_t p = 0; p < n; ++p) {
+        if (next[p] > 0) {
+          Add(slots[p], i + next[p]);
+        } else {
+          idle[idle_count++] = p;
+        }
+      }
+      return idle_count;
+    }
+    const size_t old = log_.size();
+    log_.resize(old + static_cast<size_t>(n));
+    Entry* const out = log_.data() + old;
+    size_t added = 0;
+    int32_t idle_count = 0;
+    if constexpr (sizeof(Distance) == 1) {
+      // Counts per distance in four interleaved histograms: rows in a row often share a
+      // distance, and one counter would make each increment wait for the previous one.
+      uint32_t counts[4][256] = {};
+      for (int32_t p = 0; p < n; ++p) {
+        const uint32_t d = next[p];
+        out[added] = {slots[p], static_cast<int32_t>(i + d)};
+        added += d != 0 ? 1 : 0;
+        idle[idle_count] = p;
+        idle_count += d == 0 ? 1 : 0;
+        ++counts[p & 3][d];
+      }
+      for (size_t d = 1; d < 256; ++d) {
+        const uint32_t c = counts[0][d] + counts[1][d] + counts[2][d] + counts[3][d];
+        if (c != 0) live_[Ring(i + static_cast<Iteration>(d))] += c;
+      }
+    } else {
+      for (int32_t p = 0; p < n; ++p) {
+        const int64_t d = next[p];
+        out[added] = {slots[p], static_cast<int32_t>(i + d)};
+        added += d != 0 ? 1 : 0;
+        idle[idle_count] = p;
+        idle_count += d == 0 ? 1 : 0;
+        live_[Ring(i + d)] += d != 0 ? 1 : 0;
+      }
+    }
+    log_.resize(old + added);
+    total_ += static_cast<int64_t>(added);
+    return idle_count;
+  }
+
   // Rows waiting for `next_use`.
   int64_t count(Iteration next_use) const { return live_[Ring(next_use)]; }
 
@@ -196,7 +255,8 @@ class NextUseBuckets {
 
  private:
   static constexpr int32_t kGone = std::numeric_limits<int32_t>::min();
-  static constexpr size_t kPrefetch = 16;  // victims whose slot states Pop prefetches ahead
+  static constexpr size_t kPrefetch = 16;      // victims whose slot states Pop prefetches ahead
+  static constexpr int32_t kMinSegment = 256;  // rows AddSegment adds without a branch per row
   struct Entry {
     SlotId slot;
     int32_t next_use;  // kGone once popped
@@ -220,7 +280,7 @@ class NextUseBuckets {
     indexed_ = true;
   }
 
-  std::vector<Entry> log_;                    // in the order rows were added
+  UninitVector<Entry> log_;                   // in the order rows were added
   std::vector<int64_t> live_;                 // rows waiting, by next use (ring)
   std::vector<std::vector<uint32_t>> lists_;  // log positions by next use (ring), if indexed_
   int64_t total_ = 0;

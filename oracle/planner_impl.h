@@ -123,7 +123,7 @@ struct Segment {
   std::vector<int32_t> uses;     // kLfu: each row's use count including this use
   std::vector<int32_t> misses;   // positions of rows that are not resident
   std::vector<Victim> victims;   // rows of this table the trainer evicts
-  std::vector<int32_t> idle;     // positions of rows with no next use in the window (Apply)
+  UninitVector<int32_t> idle;    // positions of rows with no next use in the window (Apply)
   std::vector<Revival> revived;  // Link scratch, in id order
   // kOracle, kLru: the rows the table's queue gives up, as runs (first position in the
   // eviction order, count) in queue order; SelectVictims decides them and Evict pops them.

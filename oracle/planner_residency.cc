@@ -24,6 +24,7 @@ using oracle_internal::TableTrack;
 using oracle_internal::TrainerCache;
 using oracle_internal::TrainerRow;
 using oracle_internal::TrainerSlice;
+using oracle_internal::UninitVector;
 
 namespace {
 
@@ -404,25 +405,20 @@ void Planner::Impl::Apply(int trainer, int table, Iteration i) {
   // Rows used again in the window go to the bucket of their next use; the others join the queue
   // of evictable rows, in a second pass that prefetches their slot states (random accesses)
   // a fixed distance ahead.
-  std::vector<int32_t>& idle = seg.idle;
-  idle.clear();
-  auto sort_rows = [&](const auto* next) {
-    for (int32_t p = 0; p < n; ++p) {
-      if (next[p] > 0) {
-        track.buckets.Add(seg.slots[p], i + next[p]);
-      } else {
-        idle.push_back(p);
-      }
-    }
-  };
+  UninitVector<int32_t>& idle = seg.idle;
+  idle.resize(static_cast<size_t>(n));
   const uint8_t* next = NextUses(track, i);
+  int32_t idle_rows;
   if (next_width_ == 1) {
-    sort_rows(next);
+    idle_rows = track.buckets.AddSegment(seg.slots.data(), next, n, i, idle.data());
   } else if (next_width_ == 2) {
-    sort_rows(reinterpret_cast<const uint16_t*>(next));
+    idle_rows = track.buckets.AddSegment(seg.slots.data(), reinterpret_cast<const uint16_t*>(next),
+                                         n, i, idle.data());
   } else {
-    sort_rows(reinterpret_cast<const int32_t*>(next));
+    idle_rows = track.buckets.AddSegment(seg.slots.data(), reinterpret_cast<const int32_t*>(next),
+                                         n, i, idle.data());
   }
+  idle.resize(static_cast<size_t>(idle_rows));
   const size_t idle_count = idle.size();
   for (size_t k = 0; k < idle_count; ++k) {
     if (k + kAhead < idle_count) __builtin_prefetch(slots + seg.slots[idle[k + kAhead]], 1);

@@ -147,5 +147,71 @@ TEST(NextUseBucketsTest, PopsLikeAListPerNextUseUnderChurn) {
   EXPECT_GT(pops, 1000);  // the pops ran across many sorts and compactions
 }
 
+// A planned segment added at once (AddSegment: no branch per row, counts from histograms) must
+// leave the buckets as adding its rows one by one does, and list its rows without a next use.
+// Segments of every size around the one-by-one threshold, distances in one and two bytes.
+template <typename Distance>
+void CheckAddSegmentMatchesAdd(int lookahead, uint64_t seed) {
+  constexpr int kIterations = 400;
+  std::vector<SlotState> slots(1);
+  NextUseBuckets one_by_one;
+  NextUseBuckets segments;
+  one_by_one.Init(lookahead + 1);
+  segments.Init(lookahead + 1);
+  CounterRng rng(seed);
+  SlotId next_slot = 0;
+  int64_t pops = 0;
+  for (Iteration i = 0; i < kIterations; ++i) {
+    if (rng.NextBelow(4) == 0) {
+      int64_t need = static_cast<int64_t>(rng.NextBelow(300));
+      for (Iteration b = i + lookahead; b > i && need > 0; --b) {
+        ASSERT_EQ(segments.count(b), one_by_one.count(b)) << "iteration " << i;
+        while (need > 0 && one_by_one.count(b) > 0) {
+          ASSERT_EQ(segments.Pop(b, slots.data()), one_by_one.Pop(b, slots.data()))
+              << "iteration " << i << ", next use " << b;
+          --need;
+          ++pops;
+        }
+      }
+    }
+    const int32_t n =
+        static_cast<int32_t>(rng.NextBelow(3) == 0 ? rng.NextBelow(300) : rng.NextBelow(2000));
+    std::vector<SlotId> seg_slots(static_cast<size_t>(n));
+    std::vector<Distance> next(static_cast<size_t>(n));
+    std::vector<int32_t> expected_idle;
+    for (int32_t p = 0; p < n; ++p) {
+      seg_slots[p] = next_slot++;
+      // A third without a next use; runs of equal distances, as popular rows give.
+      const uint64_t pick = rng.NextBelow(6);
+      next[p] = pick < 2 ? Distance{0}
+                : pick == 2 && p > 0
+                    ? next[p - 1]
+                    : static_cast<Distance>(1 + rng.NextBelow(static_cast<uint64_t>(lookahead)));
+      if (next[p] > 0) {
+        one_by_one.Add(seg_slots[p], i + next[p]);
+      } else {
+        expected_idle.push_back(p);
+      }
+    }
+    std::vector<int32_t> idle(static_cast<size_t>(n) + 1, -1);
+    const int32_t idle_count =
+        segments.AddSegment(seg_slots.data(), next.data(), n, i, idle.data());
+    idle.resize(static_cast<size_t>(idle_count));
+    ASSERT_EQ(idle, expected_idle) << "iteration " << i;
+    for (Iteration b = i; b <= i + lookahead; ++b) {
+      ASSERT_EQ(segments.count(b), one_by_one.count(b)) << "iteration " << i << ", next use " << b;
+    }
+    one_by_one.Consume(i);
+    segments.Consume(i);
+  }
+  EXPECT_GT(pops, 1000);  // victims were taken from sorted and unsorted buckets alike
+}
+
+TEST(NextUseBucketsTest, AddSegmentMatchesAddingRowsOneByOne) {
+  CheckAddSegmentMatchesAdd<uint8_t>(/*lookahead=*/200, /*seed=*/5);
+  CheckAddSegmentMatchesAdd<uint8_t>(/*lookahead=*/255, /*seed=*/6);
+  CheckAddSegmentMatchesAdd<uint16_t>(/*lookahead=*/300, /*seed=*/7);
+}
+
 }  // namespace
 }  // namespace bagpipe::oracle_internal
