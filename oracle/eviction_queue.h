@@ -183,31 +183,28 @@ class NextUseBuckets {
     Entry* const out = log_.data() + old;
     size_t added = 0;
     int32_t idle_count = 0;
-    if constexpr (sizeof(Distance) == 1) {
-      // Counts per distance in four interleaved histograms: rows in a row often share a
-      // distance, and one counter would make each increment wait for the previous one.
-      uint32_t counts[4][256] = {};
-      for (int32_t p = 0; p < n; ++p) {
-        const uint32_t d = next[p];
-        out[added] = {slots[p], static_cast<int32_t>(i + d)};
-        added += d != 0 ? 1 : 0;
-        idle[idle_count] = p;
-        idle_count += d == 0 ? 1 : 0;
-        ++counts[p & 3][d];
-      }
-      for (size_t d = 1; d < 256; ++d) {
-        const uint32_t c = counts[0][d] + counts[1][d] + counts[2][d] + counts[3][d];
-        if (c != 0) live_[Ring(i + static_cast<Iteration>(d))] += c;
-      }
-    } else {
+    // Every row's entry and idle position are written; only the right ones are kept.
+    auto scan = [&](auto count) {
       for (int32_t p = 0; p < n; ++p) {
         const int64_t d = next[p];
         out[added] = {slots[p], static_cast<int32_t>(i + d)};
         added += d != 0 ? 1 : 0;
         idle[idle_count] = p;
         idle_count += d == 0 ? 1 : 0;
-        live_[Ring(i + d)] += d != 0 ? 1 : 0;
+        count(p, d);
       }
+    };
+    if constexpr (sizeof(Distance) == 1) {
+      // Counts per distance in four interleaved histograms: rows in a row often share a
+      // distance, and one counter would make each increment wait for the previous one.
+      uint32_t counts[4][256] = {};
+      scan([&](int32_t p, int64_t d) { ++counts[p & 3][d]; });
+      for (size_t d = 1; d < 256; ++d) {
+        const uint32_t c = counts[0][d] + counts[1][d] + counts[2][d] + counts[3][d];
+        if (c != 0) live_[Ring(i + static_cast<Iteration>(d))] += c;
+      }
+    } else {
+      scan([&](int32_t, int64_t d) { live_[Ring(i + d)] += d != 0 ? 1 : 0; });
     }
     log_.resize(old + added);
     total_ += static_cast<int64_t>(added);
