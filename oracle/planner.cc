@@ -781,17 +781,26 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
     } else {
       const auto records = rows.hashed_records();
       int64_t inserts = 0;
-      auto visit = [&](int64_t j) __attribute__((always_inline)) {
-        TrainerRow& row = records.FindOrInsert(ids[j], &inserts);
+      // Each id's home bucket is computed once, when it is prefetched, and waits in a ring.
+      size_t homes[kAhead];
+      for (int64_t j = 0; j < std::min(kAhead, n); ++j) {
+        homes[j] = records.Home(ids[j]);
+        records.Prefetch(homes[j]);
+      }
+      auto visit = [&](int64_t j, size_t home) __attribute__((always_inline)) {
+        TrainerRow& row = records.FindOrInsert(ids[j], home, &inserts);
         const int32_t pos = row.last_occ == k32 ? row.last_pos : linker.First(j, row);
         if (out != nullptr) out[j] = static_cast<uint32_t>(pos);
       };
       int64_t j = 0;
       for (; j < ahead_end; ++j) {
-        records.Prefetch(ids[j + kAhead]);
-        visit(j);
+        size_t& slot = homes[static_cast<size_t>(j) % kAhead];
+        const size_t home = slot;
+        slot = records.Home(ids[j + kAhead]);
+        records.Prefetch(slot);
+        visit(j, home);
       }
-      for (; j < n; ++j) visit(j);
+      for (; j < n; ++j) visit(j, homes[static_cast<size_t>(j) % kAhead]);
       rows.CountInserts(inserts);
     }
     return linker.Finish();

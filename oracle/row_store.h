@@ -114,11 +114,17 @@ class RowTable {
   // insertion through the RowTable itself.
   class HashedRecords {
    public:
-    // The record of `id`; an absent row is stored with Record::Absent() contents (the caller
-    // fills it in) and counted in *inserts (the caller passes the count to CountInserts).
+    // The bucket where the probe for `id` starts.
+    size_t Home(int64_t id) const { return HomeBucket(id, shift_); }
+    // Hints that the probe starting at bucket `home` will run soon.
+    void Prefetch(size_t home) const { __builtin_prefetch(buckets_ + home); }
+    // The record of `id`, whose probe starts at `home` (= Home(id)); an absent row is stored
+    // with Record::Absent() contents (the caller fills it in) and counted in *inserts (the
+    // caller passes the count to CountInserts). A loop that prefetches ahead computes each
+    // home once, keeping the hash off the lookup's path.
     // REQUIRES: Reserve() made room for this insertion.
-    Record& FindOrInsert(int64_t id, int64_t* inserts) const {
-      for (size_t b = HomeBucket(id, shift_);; b = (b + 1) & mask_) {
+    Record& FindOrInsert(int64_t id, size_t home, int64_t* inserts) const {
+      for (size_t b = home;; b = (b + 1) & mask_) {
         Entry& e = buckets_[b];
         if (e.key == id) return e.record;
         if (e.key == kEmptyKey) {
@@ -129,7 +135,6 @@ class RowTable {
         }
       }
     }
-    void Prefetch(int64_t id) const { __builtin_prefetch(buckets_ + HomeBucket(id, shift_)); }
 
    private:
     friend class RowTable;
