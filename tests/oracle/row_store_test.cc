@@ -71,6 +71,53 @@ TEST(RowTableTest, ReserveKeepsRecordsInPlace) {
   EXPECT_EQ(table.size(), 5000);
 }
 
+// The hot-loop views (what the planner's Link uses): batches of lookups and insertions through
+// DenseRecords / HashedRecords, counted with CountInserts, between erasures through the table,
+// leave it as a map would.
+TEST(RowTableTest, ViewsFindAndInsertAsTheTableDoes) {
+  for (int64_t dense_max : {int64_t{0}, int64_t{1} << 20}) {
+    SCOPED_TRACE(dense_max == 0 ? "hashed" : "dense");
+    constexpr int64_t kRows = 50000;
+    RowTable<Record> table;
+    table.Init(kRows, dense_max);
+    std::map<int64_t, int64_t> reference;
+    CounterRng rng(9);
+    for (int batch = 0; batch < 200; ++batch) {
+      const int n = static_cast<int>(rng.NextBelow(600));
+      std::vector<int64_t> ids(static_cast<size_t>(n));
+      for (int64_t& id : ids) id = static_cast<int64_t>(rng.NextBelow(kRows));
+      table.Reserve(ids.size());
+      int64_t inserts = 0;
+      auto visit = [&](int64_t id, Record& r) {
+        ASSERT_EQ(r.present(), reference.count(id) == 1) << "batch " << batch << " id " << id;
+        if (table.dense() && !r.present()) ++inserts;
+        r.value = batch;
+        reference[id] = batch;
+      };
+      if (table.dense()) {
+        const auto records = table.dense_records();
+        for (int64_t id : ids) visit(id, records[id]);
+      } else {
+        const auto records = table.hashed_records();
+        for (int64_t id : ids) visit(id, records.FindOrInsert(id, records.Home(id), &inserts));
+      }
+      table.CountInserts(inserts);
+      ASSERT_EQ(table.size(), static_cast<int64_t>(reference.size())) << "batch " << batch;
+      for (int e = 0; e < n / 2; ++e) {
+        const int64_t id = static_cast<int64_t>(rng.NextBelow(kRows));
+        table.Erase(id);
+        reference.erase(id);
+      }
+    }
+    for (const auto& [id, value] : reference) {
+      const Record* r = table.Find(id);
+      ASSERT_NE(r, nullptr) << id;
+      EXPECT_EQ(r->value, value);
+    }
+    EXPECT_EQ(table.size(), static_cast<int64_t>(reference.size()));
+  }
+}
+
 TEST(RowIndexTest, MapsRowsToHandlesInBothForms) {
   for (int64_t dense_max : {int64_t{0}, int64_t{1} << 20}) {
     RowIndex index;
