@@ -77,11 +77,12 @@ void Planner::Impl::Classify(int trainer, int table, Iteration i) {
     // The common case of a dense table with one trainer: slots and misses only, records read
     // directly (prefetched when they outgrow the caches).
     const bool prefetch = options_.schema.table_rows[table] > oracle_internal::kDenseNoPrefetchRows;
+    const auto records = track.rows.dense_records();
     for (int32_t p = 0; p < n; ++p) {
       if (prefetch && p + kAhead < n) {
-        __builtin_prefetch(&track.rows.DenseRecord(static_cast<int64_t>(rows[p + kAhead] - base)));
+        __builtin_prefetch(&records[static_cast<int64_t>(rows[p + kAhead] - base)]);
       }
-      const SlotId slot = track.rows.DenseRecord(static_cast<int64_t>(rows[p] - base)).slot;
+      const SlotId slot = records[static_cast<int64_t>(rows[p] - base)].slot;
       seg.slots[p] = slot;
       if (slot == kNoSlot) seg.misses.push_back(p);
     }

@@ -93,11 +93,10 @@ class RowTable {
     if (dense_) ++size_;
   }
 
-  // Dense form only: the record of `id`, present or not (the caller counts the records it makes
-  // present with CountInserts). Lets a hot loop leave out FindOrInsert's form test.
-  Record& DenseRecord(int64_t id) { return dense_records_[id].record; }
-  // Dense form only: DenseRecord through a copy of the array's address, which a hot loop keeps
-  // in a register (stores through the records cannot change it).
+  // Dense form only: the record of any id, present or not (the caller counts the records it
+  // makes present with CountInserts), through a copy of the array's address, which a hot loop
+  // keeps in a register (stores through the records cannot change it). Lets the loop leave out
+  // FindOrInsert's form test.
   class DenseRecords {
    public:
     Record& operator[](int64_t id) const { return entries_[id].record; }
