@@ -171,28 +171,15 @@ class SegmentLinker {
   alignas(4) uint8_t sink_[4];
 };
 
-// Runs body(trainer, table) for every pair, in parallel. Workers take the pairs one at a time in
-// the order of `tables` (largest first: longest-processing-time-first scheduling), so that a few
-// big tables do not end up together at the end of one worker's share.
-template <typename Body>
-void ForEachTrainerTable(int trainers, const std::vector<int>& tables, const Body& body) {
-  const int count = trainers * static_cast<int>(tables.size());
-  std::atomic<int> next{0};
-  const int workers = std::min(count, tbb::this_task_arena::max_concurrency());
-  tbb::parallel_for(0, workers, [&](int) {
-    for (int k = next.fetch_add(1, std::memory_order_relaxed); k < count;
-         k = next.fetch_add(1, std::memory_order_relaxed)) {
-      body(k % trainers, tables[static_cast<size_t>(k / trainers)]);
-    }
-  });
-}
-
-template <typename Body>
-void ForEach(int count, const Body& body) {
-  tbb::parallel_for(tbb::blocked_range<int>(0, count, 1),
-                    [&](const tbb::blocked_range<int>& range) {
-                      for (int k = range.begin(); k != range.end(); ++k) body(k);
-                    });
+// The makespan of tasks of the given durations handed out in order to `workers` workers, each
+// taking the next task when it is free (how ForEachTrainerTable's workers take them).
+double ListScheduleMakespan(const std::vector<double>& task_seconds, int workers) {
+  std::vector<double> free_at(static_cast<size_t>(std::max(workers, 1)), 0.0);
+  for (const double seconds : task_seconds) {
+    const auto first_free = std::min_element(free_at.begin(), free_at.end());
+    *first_free += seconds;
+  }
+  return *std::max_element(free_at.begin(), free_at.end());
 }
 
 }  // namespace
@@ -229,6 +216,16 @@ double PlannerStats::mean_iteration_ms() const {
                         : 0.0;
 }
 
+double PlannerStats::modeled_iteration_ms() const {
+  const int64_t iterations = (*this)[PlannerCounter::kIterations];
+  return iterations > 0 ? modeled_seconds * 1e3 / static_cast<double>(iterations) : 0.0;
+}
+
+double PlannerStats::span_iteration_ms() const {
+  const int64_t iterations = (*this)[PlannerCounter::kIterations];
+  return iterations > 0 ? span_seconds * 1e3 / static_cast<double>(iterations) : 0.0;
+}
+
 nlohmann::json PlannerStats::ToJson() const {
   nlohmann::json json = nlohmann::json::object();
   for (int k = 0; k < kNumPlannerCounters; ++k) {
@@ -241,6 +238,9 @@ nlohmann::json PlannerStats::ToJson() const {
   json["plan_seconds"] = plan_seconds;
   json["mean_iteration_ms"] = mean_iteration_ms();
   json["max_iteration_ms"] = max_iteration_ms;
+  json["pass_seconds"] = pass_seconds;
+  json["modeled_seconds"] = modeled_seconds;
+  json["span_seconds"] = span_seconds;
   nlohmann::json phases = nlohmann::json::object();
   for (int k = 0; k < kNumPlannerPhases; ++k)
     phases[std::string(kPhaseNames[k])] = phase_seconds[k];
@@ -252,6 +252,44 @@ nlohmann::json PlannerStats::ToJson() const {
 }
 
 Planner::Impl::Impl(PlannerOptions options) : options_(std::move(options)) {}
+
+template <typename Body>
+void Planner::Impl::ForEachTrainerTable(int trainers, const Body& body) {
+  const std::vector<int>& tables = table_order_;
+  const int count = trainers * static_cast<int>(tables.size());
+  RunPass(count, [&](int k) { body(k % trainers, tables[static_cast<size_t>(k / trainers)]); });
+}
+
+template <typename Body>
+void Planner::Impl::ForEach(int count, const Body& body) {
+  RunPass(count, body);
+}
+
+template <typename Task>
+void Planner::Impl::RunPass(int count, const Task& task) {
+  const bool timed = options_.model_workers > 0;
+  Stopwatch wall;
+  if (timed) task_seconds_.assign(static_cast<size_t>(count), 0.0);
+  std::atomic<int> next{0};
+  const int workers = std::min(count, tbb::this_task_arena::max_concurrency());
+  tbb::parallel_for(0, workers, [&](int) {
+    for (int k = next.fetch_add(1, std::memory_order_relaxed); k < count;
+         k = next.fetch_add(1, std::memory_order_relaxed)) {
+      if (timed) {
+        Stopwatch watch;
+        task(k);
+        task_seconds_[static_cast<size_t>(k)] = watch.Seconds();
+      } else {
+        task(k);
+      }
+    }
+  });
+  if (!timed) return;
+  stats_.pass_seconds += wall.Seconds();
+  modeled_pass_seconds_ += ListScheduleMakespan(task_seconds_, options_.model_workers);
+  span_pass_seconds_ +=
+      count > 0 ? *std::max_element(task_seconds_.begin(), task_seconds_.end()) : 0.0;
+}
 
 absl::Status Planner::Impl::Init() {
   const PlannerOptions& o = options_;
@@ -268,6 +306,10 @@ absl::Status Planner::Impl::Init() {
   if (o.writeback_horizon < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("writeback_horizon must be >= 0 (0 = default), got ", o.writeback_horizon));
+  }
+  if (o.model_workers < 0 || o.model_workers > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_workers must be in [0, 4096] (0 = off), got ", o.model_workers));
   }
   if (o.schema.num_tables() < 1 ||
       o.schema.table_rows.size() != static_cast<size_t>(o.schema.num_tables())) {
@@ -526,6 +568,11 @@ PlannerStats Planner::Impl::stats() const {
   stats.global_rows = 0;
   for (const oracle_internal::GlobalTable& g : globals_) stats.global_rows += g.rows.live();
   if (options_.policy == CachePolicy::kDevice) stats.resident_rows = capacity_ * trainers_;
+  if (options_.model_workers > 0) {
+    const double serial = stats.entry_seconds + stats.plan_seconds - stats.pass_seconds;
+    stats.modeled_seconds = serial + modeled_pass_seconds_;
+    stats.span_seconds = serial + span_pass_seconds_;
+  }
   return stats;
 }
 
@@ -594,12 +641,12 @@ absl::Status Planner::Impl::Enter(Batch& batch) {
 
   // Nothing of the planner's state changes before the batch is known to be good.
   std::vector<absl::Status> errors(static_cast<size_t>(trainers_ * tables_));
-  ForEachTrainerTable(trainers_, table_order_, [&](int t, int tb) {
+  ForEachTrainerTable(trainers_, [&](int t, int tb) {
     errors[static_cast<size_t>(tb * trainers_ + t)] = Validate(t, tb, batch, k);
   });
   for (const absl::Status& status : errors) RETURN_IF_ERROR(status);
   const bool device = options_.policy == CachePolicy::kDevice;
-  ForEachTrainerTable(trainers_, table_order_, [&](int t, int tb) {
+  ForEachTrainerTable(trainers_, [&](int t, int tb) {
     if (device) {
       Dedup(t, tb, batch, wb);
     } else {
@@ -622,7 +669,7 @@ absl::Status Planner::Impl::Enter(Batch& batch) {
     slice.plan.unique_rows.resize(static_cast<size_t>(total));
     slice.plan.unique_slots.resize(static_cast<size_t>(total));
   }
-  ForEachTrainerTable(trainers_, table_order_, [&](int t, int tb) {
+  ForEachTrainerTable(trainers_, [&](int t, int tb) {
     TrainerSlice& slice = wb.trainers[t];
     const Segment& seg = slice.tables[tb];
     std::copy(seg.rows.begin(), seg.rows.end(), slice.plan.unique_rows.begin() + seg.first_unique);
@@ -908,7 +955,7 @@ absl::Status Planner::Impl::PlanNext() {
     ForEach(tables_, [&](int tb) { PlanDevice(tb, i); });
     lap(PlannerPhase::kConsistency);
   } else {
-    ForEachTrainerTable(trainers_, table_order_, [&](int t, int tb) { Classify(t, tb, i); });
+    ForEachTrainerTable(trainers_, [&](int t, int tb) { Classify(t, tb, i); });
     lap(PlannerPhase::kClassify);
     std::vector<uint8_t> ok(trainers_, 1);
     ForEach(trainers_, [&](int t) { ok[t] = SelectVictims(t, i); });
@@ -924,7 +971,7 @@ absl::Status Planner::Impl::PlanNext() {
     }
     if (runs) {
       std::vector<uint8_t> popped(static_cast<size_t>(trainers_ * tables_), 1);
-      ForEachTrainerTable(trainers_, table_order_, [&](int t, int tb) {
+      ForEachTrainerTable(trainers_, [&](int t, int tb) {
         popped[static_cast<size_t>(t * tables_ + tb)] = Evict(t, tb, i);
       });
       for (int t = 0; t < trainers_ * tables_; ++t) {
@@ -937,10 +984,9 @@ absl::Status Planner::Impl::PlanNext() {
       }
     }
     lap(PlannerPhase::kVictims);
-    ForEachTrainerTable(trainers_, table_order_, [&](int t, int tb) { Apply(t, tb, i); });
+    ForEachTrainerTable(trainers_, [&](int t, int tb) { Apply(t, tb, i); });
     lap(PlannerPhase::kApply);
-    if (trainers_ > 1)
-      ForEachTrainerTable(1, table_order_, [&](int, int tb) { Consistency(tb, i); });
+    if (trainers_ > 1) ForEachTrainerTable(1, [&](int, int tb) { Consistency(tb, i); });
     lap(PlannerPhase::kConsistency);
   }
   // Flushes land in plans of earlier (unreleased) iterations, appended in table order.

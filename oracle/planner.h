@@ -116,6 +116,9 @@ struct PlannerOptions {
   // so that planning looks up only the rows that were not resident then (tables whose records
   // stay cached gain nothing). Plans are the same for any value.
   int64_t capture_min_rows = int64_t{1} << 16;
+  // When > 0: the planner times every task of its parallel passes (two clock reads a task) and
+  // PlannerStats models its time on this many workers (see PlannerStats::modeled_seconds).
+  int model_workers = 0;
 };
 
 inline constexpr int64_t kDefaultWritebackHorizon = 64;
@@ -162,6 +165,18 @@ struct PlannerStats {
   double plan_seconds = 0;
   // The slowest iteration: its entry plus its planning, in milliseconds.
   double max_iteration_ms = 0;
+  // With PlannerOptions::model_workers = P > 0 (else 0). The planner's work is serial steps and
+  // parallel passes over (trainer, table) or trainer tasks that workers take one at a time.
+  //   pass_seconds      wall-clock time inside the passes (part of entry and plan seconds)
+  //   modeled_seconds   entry + plan seconds with every pass replaced by the makespan of its
+  //                     measured tasks, handed out in the same order to P workers
+  //   span_seconds      the same with unlimited workers: serial steps + the longest task of
+  //                     each pass (no number of cores does better without splitting tasks)
+  // Run on one thread, modeled_seconds estimates the time on P cores of the same kind; it does
+  // not see memory-bandwidth contention or the cost of waking workers.
+  double pass_seconds = 0;
+  double modeled_seconds = 0;
+  double span_seconds = 0;
   // Current sizes: per-trainer row records, global row records, resident rows (all trainers).
   int64_t tracked_rows = 0;
   int64_t global_rows = 0;
@@ -170,6 +185,9 @@ struct PlannerStats {
   int64_t operator[](PlannerCounter counter) const { return counters[static_cast<int>(counter)]; }
   // (entry_seconds + plan_seconds) / iterations, in milliseconds.
   double mean_iteration_ms() const;
+  // modeled_seconds / iterations and span_seconds / iterations, in milliseconds.
+  double modeled_iteration_ms() const;
+  double span_iteration_ms() const;
   nlohmann::json ToJson() const;
 };
 

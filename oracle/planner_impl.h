@@ -332,6 +332,17 @@ class Planner::Impl {
   }
 
   // planner.cc
+  // Parallel passes. ForEachTrainerTable runs body(trainer, table) for every pair; workers take
+  // the pairs one at a time in table_order_ (largest first: longest-processing-time-first
+  // scheduling, so that a few big tables do not end up together at the end of one worker's
+  // share). ForEach runs body(k) for k in [0, count). Both time their tasks for the model of
+  // PlannerStats::modeled_seconds when options_.model_workers > 0.
+  template <typename Body>
+  void ForEachTrainerTable(int trainers, const Body& body);
+  template <typename Body>
+  void ForEach(int count, const Body& body);
+  template <typename Task>
+  void RunPass(int count, const Task& task);
   absl::Status Enter(Batch& batch);
   // An empty plan for Enter, reusing a recycled plan's entry buffers when there is one.
   TrainerPlan SparePlan();
@@ -408,6 +419,11 @@ class Planner::Impl {
   tbb::enumerable_thread_specific<std::vector<int32_t>> positions_;
 
   PlannerStats stats_;
+  // options_.model_workers > 0: the durations of the current pass's tasks, and the sums over
+  // passes of their modeled makespans and of their longest tasks.
+  std::vector<double> task_seconds_;
+  double modeled_pass_seconds_ = 0;
+  double span_pass_seconds_ = 0;
 };
 
 }  // namespace bagpipe

@@ -9,6 +9,12 @@
 //
 //   build/bench/oracle/oracle_planner_replay --trainers 1 --threads 2 --warmup 420 --measure 150
 //
+// With --model-workers P it also prints the planner's model of its time on P workers and with
+// unlimited workers (PlannerStats::modeled_seconds, span_seconds), from its tasks' measured
+// durations; run with --threads 1 so that the tasks are timed without contention:
+//
+//   build/bench/oracle/oracle_planner_replay --threads 1 --model-workers 16
+//
 // Timing runs on this project's 2-core VMs drift by up to 1.5x within minutes: compare builds
 // by alternating their runs, and prefer the digest and callgrind for exact answers.
 #include <sys/resource.h>
@@ -188,6 +194,7 @@ int Main(int argc, char** argv) {
   int pause = 0;
   int64_t dense_max_rows = PlannerOptions{}.dense_index_max_rows;
   int64_t capture_min_rows = PlannerOptions{}.capture_min_rows;
+  int model_workers = 0;
   app.add_option("--trainers", trainers, "trainers (1..64)")->capture_default_str();
   app.add_option("--threads", threads, "TBB threads (0: all cores)")->capture_default_str();
   app.add_option("--warmup", warmup, "batches pushed before the measured ones")
@@ -205,6 +212,10 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--capture-min-rows", capture_min_rows,
                  "tables above this many rows record slots at entry (PlannerOptions)")
+      ->capture_default_str();
+  app.add_option("--model-workers", model_workers,
+                 "P > 0: also print the planner's modeled time per batch on P workers and its "
+                 "span (PlannerOptions::model_workers)")
       ->capture_default_str();
   app.add_option("--cache", cache, "file keeping the generated stream between runs");
   app.add_option("--pause", pause,
@@ -251,6 +262,7 @@ int Main(int argc, char** argv) {
   options.policy = *policy;
   options.dense_index_max_rows = dense_max_rows;
   options.capture_min_rows = capture_min_rows;
+  options.model_workers = model_workers;
   auto planner = Planner::Create(options);
   if (!planner.ok()) {
     std::cerr << "planner_replay: " << planner.status().message() << "\n";
@@ -352,6 +364,13 @@ int Main(int argc, char** argv) {
                        : 0.0;
   }
   out["phase_ms"] = std::move(phases);
+  if (model_workers > 0 && iterations > 0) {
+    out["model_workers"] = model_workers;
+    out["modeled_ms_per_batch"] =
+        (after.modeled_seconds - before.modeled_seconds) * 1e3 / iterations;
+    out["span_ms_per_batch"] = (after.span_seconds - before.span_seconds) * 1e3 / iterations;
+    out["pass_ms_per_batch"] = (after.pass_seconds - before.pass_seconds) * 1e3 / iterations;
+  }
   std::cout << out.dump() << "\n";
   return 0;
 }

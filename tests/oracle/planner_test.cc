@@ -115,6 +115,9 @@ TEST(PlannerOptionsTest, RejectsInvalidOptions) {
   o.writeback_horizon = -1;
   expect_invalid(o, "writeback_horizon");
   expect_invalid(Options(Schema{}, CachePolicy::kOracle, 4), "at least one table");
+  o = Options(OneTable(10), CachePolicy::kOracle, 4);
+  o.model_workers = -1;
+  expect_invalid(o, "model_workers");
   // Device mode needs no capacity.
   EXPECT_TRUE(Planner::Create(Options(OneTable(10), CachePolicy::kDevice, 0)).ok());
 }
@@ -585,6 +588,50 @@ TEST(PlannerTest, StatsAddUp) {
   EXPECT_TRUE(json.contains("mean_iteration_ms"));
   EXPECT_TRUE(json.contains("hit_rate"));
   EXPECT_EQ(PlannerCounterName(PlannerCounter::kWriteBacks), "write_backs");
+  // No model unless asked for.
+  EXPECT_EQ(s.pass_seconds, 0);
+  EXPECT_EQ(s.modeled_seconds, 0);
+  EXPECT_EQ(s.span_seconds, 0);
+}
+
+TEST(PlannerTest, ModelsItsTimeOnMoreWorkersFromItsTasks) {
+  TraceSpec spec;
+  spec.batches = 30;
+  spec.table_rows = {40, 300, 5000, 20};
+  const auto trace = MakeTrace(spec);
+  const Schema schema = TraceSchema(spec);
+  for (const int trainers : {1, 3}) {
+    PlannerOptions o = Options(schema, CachePolicy::kOracle, MaxWorkingSet(trace, schema, trainers),
+                               /*lookahead=*/5, trainers);
+    const PlannerRun plain = RunPlanner(o, trace);
+    o.model_workers = 4;
+    PlannerRun modeled;
+    {
+      // One thread: the passes' wall-clock time is the sum of their tasks' times.
+      tbb::global_control one_thread(tbb::global_control::max_allowed_parallelism, 1);
+      modeled = RunPlanner(o, trace);
+    }
+    // Timing changes nothing in the plans.
+    ASSERT_EQ(plain.plans.size(), modeled.plans.size());
+    for (size_t i = 0; i < plain.plans.size(); ++i) {
+      for (size_t t = 0; t < plain.plans[i].size(); ++t) {
+        EXPECT_TRUE(plain.plans[i][t] == modeled.plans[i][t]) << "iteration " << i;
+      }
+    }
+    const PlannerStats& s = modeled.stats;
+    const double total = s.entry_seconds + s.plan_seconds;
+    EXPECT_GT(s.pass_seconds, 0);
+    EXPECT_LE(s.pass_seconds, total);
+    // Four workers can do no worse than one thread and no better than the longest tasks.
+    EXPECT_GT(s.span_seconds, 0);
+    EXPECT_LE(s.span_seconds, s.modeled_seconds);
+    EXPECT_LE(s.modeled_seconds, total);
+    EXPECT_GT(s.modeled_iteration_ms(), 0);
+    EXPECT_LE(s.span_iteration_ms(), s.modeled_iteration_ms());
+    const nlohmann::json json = s.ToJson();
+    EXPECT_EQ(json["modeled_seconds"], s.modeled_seconds);
+    EXPECT_EQ(json["span_seconds"], s.span_seconds);
+  }
 }
 
 }  // namespace
