@@ -99,7 +99,9 @@ struct TrainerPlan {
   std::vector<int64_t> offsets;        // table-major CSR as in Batch
   std::vector<uint32_t> unique_index;  // per id occurrence
 
-  std::vector<RowId> unique_rows;    // distinct rows of the shard, first-occurrence order
+  // Distinct rows of the shard, by table, first-occurrence order within a table (within each
+  // part of a table the planner splits, parts in order: oracle/planner.h).
+  std::vector<RowId> unique_rows;
   std::vector<SlotId> unique_slots;  // their slots at this iteration
 
   std::vector<Extraction> extract;

@@ -254,8 +254,8 @@ nlohmann::json PlannerStats::ToJson() const {
 Planner::Impl::Impl(PlannerOptions options) : options_(std::move(options)) {}
 
 template <typename Body>
-void Planner::Impl::ForEachTrainerTable(int trainers, const Body& body) {
-  const std::vector<int>& tables = table_order_;
+void Planner::Impl::ForEachTrainerTable(int trainers, const std::vector<int>& tables,
+                                        const Body& body) {
   const int count = trainers * static_cast<int>(tables.size());
   RunPass(count, [&](int k) { body(k % trainers, tables[static_cast<size_t>(k / trainers)]); });
 }
@@ -311,6 +311,14 @@ absl::Status Planner::Impl::Init() {
     return absl::InvalidArgumentError(
         absl::StrCat("model_workers must be in [0, 4096] (0 = off), got ", o.model_workers));
   }
+  if (o.split_parts < 1 || o.split_parts > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("split_parts must be in [1, 64] (1 = no splitting), got ", o.split_parts));
+  }
+  if (o.split_min_rows < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("split_min_rows must be >= 0, got ", o.split_min_rows));
+  }
   if (o.schema.num_tables() < 1 ||
       o.schema.table_rows.size() != static_cast<size_t>(o.schema.num_tables())) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -349,22 +357,49 @@ absl::Status Planner::Impl::Init() {
   next_width_ = oracle_internal::NextUseWidth(lookahead_);
   emit_lag_ = o.emit_lag;
   horizon_ = o.writeback_horizon > 0 ? o.writeback_horizon : kDefaultWritebackHorizon;
-  table_offsets_ = o.schema.TableOffsets();
-  table_order_.resize(static_cast<size_t>(tables_));
+  const bool splitting = trainers_ == 1 && o.policy != CachePolicy::kDevice && o.split_parts > 1;
+  const std::vector<RowId> offsets = o.schema.TableOffsets();
+  table_first_track_.assign(1, 0);
+  for (int t = 0; t < tables_; ++t) {
+    const int64_t rows = o.schema.table_rows[t];
+    const int parts = splitting && rows > o.split_min_rows ? o.split_parts : 1;
+    for (int p = 0; p < parts; ++p) {
+      track_table_.push_back(t);
+      table_offsets_.push_back(offsets[t]);
+    }
+    table_first_track_.push_back(static_cast<int>(track_table_.size()));
+  }
+  tracks_ = static_cast<int>(track_table_.size());
+  if (tracks_ > std::numeric_limits<int16_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("at most ", std::numeric_limits<int16_t>::max(),
+                                                   " tables and parts, got ", tracks_,
+                                                   " (lower split_parts)"));
+  }
+  // The work of a track grows with its table's rows (they decide how many distinct rows a batch
+  // brings), shared among the parts.
+  auto track_weight = [&](int track) {
+    const int table = track_table_[track];
+    return o.schema.table_rows[table] / (table_first_track_[table + 1] - table_first_track_[table]);
+  };
+  schema_order_.resize(static_cast<size_t>(tables_));
+  std::iota(schema_order_.begin(), schema_order_.end(), 0);
+  std::stable_sort(schema_order_.begin(), schema_order_.end(),
+                   [&](int a, int b) { return o.schema.table_rows[a] > o.schema.table_rows[b]; });
+  table_order_.resize(static_cast<size_t>(tracks_));
   std::iota(table_order_.begin(), table_order_.end(), 0);
   std::stable_sort(table_order_.begin(), table_order_.end(),
-                   [&](int a, int b) { return o.schema.table_rows[a] > o.schema.table_rows[b]; });
-  capture_.resize(static_cast<size_t>(tables_));
-  for (int t = 0; t < tables_; ++t) {
+                   [&](int a, int b) { return track_weight(a) > track_weight(b); });
+  capture_.resize(static_cast<size_t>(tracks_));
+  for (int t = 0; t < tracks_; ++t) {
     capture_[t] = (o.policy == CachePolicy::kOracle || o.policy == CachePolicy::kLru) &&
-                  o.schema.table_rows[t] > o.capture_min_rows;
+                  table_rows(t) > o.capture_min_rows;
   }
 
   window_.resize(static_cast<size_t>(lookahead_ + emit_lag_ + 2));
   for (WindowBatch& wb : window_) {
     wb.trainers.resize(trainers_);
-    for (TrainerSlice& slice : wb.trainers) slice.tables.resize(tables_);
-    wb.now.resize(tables_);
+    for (TrainerSlice& slice : wb.trainers) slice.tables.resize(tracks_);
+    wb.now.resize(tracks_);
   }
   if (o.policy != CachePolicy::kDevice) {
     caches_.resize(trainers_);
@@ -375,11 +410,13 @@ absl::Status Planner::Impl::Init() {
     // rows plus about as many rows of the window), split in proportion to how many rows each
     // could hold (planner.h): growing a large table mid-stream rehashes it into fresh memory, a
     // stall of tens of milliseconds on one iteration.
-    std::vector<int64_t> reserve(static_cast<size_t>(tables_), 0);
+    std::vector<int64_t> reserve(static_cast<size_t>(tracks_), 0);
     double weights = 0;
-    for (int t = 0; t < tables_; ++t) {
-      if (o.schema.table_rows[t] <= o.dense_index_max_rows) continue;
-      reserve[t] = std::min<int64_t>(o.schema.table_rows[t], capacity_);
+    for (int t = 0; t < tracks_; ++t) {
+      if (table_rows(t) <= o.dense_index_max_rows) continue;
+      const int table = track_table_[t];
+      reserve[t] = std::min<int64_t>(table_rows(t), capacity_) /
+                   (table_first_track_[table + 1] - table_first_track_[table]);
       weights += static_cast<double>(reserve[t]);
     }
     for (int64_t& r : reserve) {
@@ -391,24 +428,24 @@ absl::Status Planner::Impl::Init() {
       c.slots.resize(cap);
       c.free_slots.resize(cap);
       for (size_t s = 0; s < cap; ++s) c.free_slots[s] = static_cast<SlotId>(cap - 1 - s);
-      c.tables.resize(tables_);
-      for (int t = 0; t < tables_; ++t) {
+      c.tables.resize(tracks_);
+      for (int t = 0; t < tracks_; ++t) {
         TableTrack& track = c.tables[t];
-        track.rows.Init(o.schema.table_rows[t], o.dense_index_max_rows);
+        track.rows.Init(table_rows(t), o.dense_index_max_rows);
         track.rows.Reserve(static_cast<size_t>(reserve[t]));
         track.buckets.Init(lookahead_ + 1);
       }
     }
   }
-  globals_.resize(tables_);
-  for (int t = 0; t < tables_; ++t) {
+  globals_.resize(tracks_);
+  for (int t = 0; t < tracks_; ++t) {
     if (o.policy == CachePolicy::kDevice) {
-      globals_[t].device_dirty.assign(static_cast<size_t>(o.schema.table_rows[t] + 63) / 64, 0);
+      globals_[t].device_dirty.assign(static_cast<size_t>(table_rows(t) + 63) / 64, 0);
     } else if (trainers_ > 1) {
-      globals_[t].index.Init(o.schema.table_rows[t], o.dense_index_max_rows);
+      globals_[t].index.Init(table_rows(t), o.dense_index_max_rows);
     }
   }
-  sync_.resize(tables_);
+  sync_.resize(tracks_);
   for (oracle_internal::TableSync& s : sync_) {
     s.private_rows.resize(trainers_);
     s.shared.resize(trainers_);
@@ -625,24 +662,29 @@ absl::Status Planner::Impl::Enter(Batch& batch) {
     plan.num_tables = tables_;
     int64_t first_id = 0;
     for (int tb = 0; tb < tables_; ++tb) {
-      Segment& seg = slice.tables[tb];
       const int64_t begin = batch.offsets[tb * n + range.begin];
       const int64_t end = batch.offsets[tb * n + range.end];
       if (begin < 0 || end < begin || end > batch.num_ids()) {
         return absl::InvalidArgumentError(absl::StrCat(
             where, ": offsets of table ", options_.schema.table_names[tb], " are out of order"));
       }
-      seg.first_id = first_id;
-      seg.id_count = end - begin;
-      first_id += seg.id_count;
+      // A split table's tracks learn their id counts from Partition.
+      for (int track = table_first_track_[tb]; track < table_first_track_[tb + 1]; ++track) {
+        Segment& seg = slice.tables[track];
+        seg.first_id = first_id;
+        seg.id_count = end - begin;
+      }
+      first_id += end - begin;
     }
     if (options_.build_batch) plan.unique_index.resize(static_cast<size_t>(first_id));
   }
 
   // Nothing of the planner's state changes before the batch is known to be good.
   std::vector<absl::Status> errors(static_cast<size_t>(trainers_ * tables_));
-  ForEachTrainerTable(trainers_, [&](int t, int tb) {
-    errors[static_cast<size_t>(tb * trainers_ + t)] = Validate(t, tb, batch, k);
+  ForEachTrainerTable(trainers_, schema_order_, [&](int t, int tb) {
+    absl::Status& status = errors[static_cast<size_t>(tb * trainers_ + t)];
+    status = Validate(t, tb, batch, k);
+    if (status.ok() && split(tb)) Partition(t, tb, batch);
   });
   for (const absl::Status& status : errors) RETURN_IF_ERROR(status);
   const bool device = options_.policy == CachePolicy::kDevice;
@@ -673,9 +715,15 @@ absl::Status Planner::Impl::Enter(Batch& batch) {
     TrainerSlice& slice = wb.trainers[t];
     const Segment& seg = slice.tables[tb];
     std::copy(seg.rows.begin(), seg.rows.end(), slice.plan.unique_rows.begin() + seg.first_unique);
-    if (options_.build_batch && seg.first_unique != 0) {
-      uint32_t* index = slice.plan.unique_index.data() + seg.first_id;
-      const uint32_t base = static_cast<uint32_t>(seg.first_unique);
+    if (!options_.build_batch) return;
+    uint32_t* index = slice.plan.unique_index.data() + seg.first_id;
+    const uint32_t base = static_cast<uint32_t>(seg.first_unique);
+    if (split(track_table_[tb])) {
+      const TableTrack& track = caches_[t].tables[tb];
+      const int32_t* pos = track.part_pos.data();
+      const uint32_t* local = track.part_index.data();
+      for (int64_t j = 0; j < seg.id_count; ++j) index[pos[j]] = local[j] + base;
+    } else if (base != 0) {
       for (int64_t j = 0; j < seg.id_count; ++j) index[j] += base;
     }
   });
@@ -721,12 +769,58 @@ absl::Status Planner::Impl::Validate(int trainer, int table, const Batch& batch,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Sends ids[j] (and j) to the lists of part SplitPart(ids[j], parts); returns the lists' sizes in
+// `counts`.
+void SplitIds(const int64_t* ids, int64_t n, int parts, int64_t* const* part_ids,
+              int32_t* const* part_pos, int64_t* counts) {
+  std::fill_n(counts, parts, 0);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t id = ids[j];
+    const int p = SplitTablePart(id, parts);
+    const int64_t at = counts[p]++;
+    part_ids[p][at] = id;
+    part_pos[p][at] = static_cast<int32_t>(j);
+  }
+}
+
+}  // namespace
+
+void Planner::Impl::Partition(int trainer, int table, const Batch& batch) {
+  const ShardRange range = ShardOf(batch.num_samples, trainers_, trainer);
+  const int64_t* offsets = batch.offsets.data() + table * static_cast<int64_t>(batch.num_samples);
+  const int64_t begin = offsets[range.begin];
+  const int64_t n = offsets[range.end] - begin;
+  const int64_t* ids = batch.ids.data() + begin;
+  const int first = table_first_track_[table];
+  const int parts = table_first_track_[table + 1] - first;
+  TableTrack* tracks = caches_[trainer].tables.data() + first;
+  int64_t* part_ids[oracle_internal::kMaxSplitParts];
+  int32_t* part_pos[oracle_internal::kMaxSplitParts];
+  int64_t counts[oracle_internal::kMaxSplitParts];
+  for (int p = 0; p < parts; ++p) {
+    tracks[p].part_ids.resize(static_cast<size_t>(n));
+    tracks[p].part_pos.resize(static_cast<size_t>(n));
+    part_ids[p] = tracks[p].part_ids.data();
+    part_pos[p] = tracks[p].part_pos.data();
+  }
+  SplitIds(ids, n, parts, part_ids, part_pos, counts);
+  WindowBatch& wb = window(pushed_);
+  for (int p = 0; p < parts; ++p) {
+    tracks[p].part_ids.resize(static_cast<size_t>(counts[p]));
+    tracks[p].part_pos.resize(static_cast<size_t>(counts[p]));
+    wb.trainers[trainer].tables[first + p].id_count = counts[p];
+  }
+}
+
 void Planner::Impl::Dedup(int trainer, int table, const Batch& batch, WindowBatch& wb) {
   TrainerSlice& slice = wb.trainers[trainer];
   Segment& seg = slice.tables[table];
   seg.rows.clear();
   const ShardRange range = ShardOf(batch.num_samples, trainers_, trainer);
-  const int64_t* offsets = batch.offsets.data() + table * static_cast<int64_t>(batch.num_samples);
+  const int64_t* offsets =
+      batch.offsets.data() + track_table_[table] * static_cast<int64_t>(batch.num_samples);
   const int64_t begin = offsets[range.begin];
   const int64_t end = offsets[range.end];
   const RowId base = table_offsets_[table];
@@ -750,18 +844,24 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
   seg.revived.clear();
   const bool capture = capture_slots(table);
   const bool several = trainers_ > 1;
-  const ShardRange range = ShardOf(batch.num_samples, trainers_, trainer);
-  const int64_t* offsets = batch.offsets.data() + table * static_cast<int64_t>(batch.num_samples);
-  const int64_t begin = offsets[range.begin];
-  const int64_t n = offsets[range.end] - begin;  // the segment's ids
   const Iteration k = wb.iteration;
   const int32_t k32 = static_cast<int32_t>(k);
-  const int64_t* const ids = batch.ids.data() + begin;
+  const bool part = split(track_table_[table]);
+  // The segment's ids: the shard's ids of the table, or those Partition sent to this track.
+  const int64_t* ids = track.part_ids.data();
+  int64_t n = static_cast<int64_t>(track.part_ids.size());
+  if (!part) {
+    const ShardRange range = ShardOf(batch.num_samples, trainers_, trainer);
+    const int64_t* offsets =
+        batch.offsets.data() + track_table_[table] * static_cast<int64_t>(batch.num_samples);
+    ids = batch.ids.data() + offsets[range.begin];
+    n = offsets[range.end] - offsets[range.begin];
+  }
   oracle_internal::RowTable<TrainerRow>& rows = track.rows;
   rows.Reserve(static_cast<size_t>(n));  // records stay put during the loop
   // The segment has at most as many rows as ids (and as the table): its lists are sized for that
   // up front, without initialisation, written through pointers and cut to size at the end.
-  const size_t bound = static_cast<size_t>(std::min<int64_t>(n, options_.schema.table_rows[table]));
+  const size_t bound = static_cast<size_t>(std::min<int64_t>(n, table_rows(table)));
   seg.rows.clear();
   seg.rows.resize(bound);
   seg.slots.clear();
@@ -788,8 +888,10 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
       .globals = seg.globals.data(),
       .revived = &seg.revived,
   };
-  uint32_t* const out =
-      options_.build_batch ? slice.plan.unique_index.data() + seg.first_id : nullptr;
+  if (part && options_.build_batch) track.part_index.resize(static_cast<size_t>(n));
+  uint32_t* const out = !options_.build_batch ? nullptr
+                        : part                ? track.part_index.data()
+                                              : slice.plan.unique_index.data() + seg.first_id;
   constexpr int64_t kAhead = 32;
   const int64_t ahead_end = std::max<int64_t>(0, n - kAhead);
   // The loops over ids for next-use width kWidth (0: next_width_ at run time).
@@ -815,7 +917,7 @@ void Planner::Impl::Link(int trainer, int table, const Batch& batch, WindowBatch
       };
       auto loop = [&](auto write_out) {
         int64_t j = 0;
-        if (options_.schema.table_rows[table] > oracle_internal::kDenseNoPrefetchRows) {
+        if (table_rows(table) > oracle_internal::kDenseNoPrefetchRows) {
           for (; j < ahead_end; ++j) {
             __builtin_prefetch(&records[ids[j + kAhead]]);
             visit(j, write_out);
@@ -952,7 +1054,7 @@ absl::Status Planner::Impl::PlanNext() {
   WindowBatch& wb = window(i);
   SparePlanningBuffers(i);
   if (options_.policy == CachePolicy::kDevice) {
-    ForEach(tables_, [&](int tb) { PlanDevice(tb, i); });
+    ForEach(tracks_, [&](int tb) { PlanDevice(tb, i); });
     lap(PlannerPhase::kConsistency);
   } else {
     ForEachTrainerTable(trainers_, [&](int t, int tb) { Classify(t, tb, i); });
@@ -970,15 +1072,15 @@ absl::Status Planner::Impl::PlanNext() {
       for (const Segment& seg : slice.tables) runs |= !seg.victim_runs.empty();
     }
     if (runs) {
-      std::vector<uint8_t> popped(static_cast<size_t>(trainers_ * tables_), 1);
+      std::vector<uint8_t> popped(static_cast<size_t>(trainers_ * tracks_), 1);
       ForEachTrainerTable(trainers_, [&](int t, int tb) {
-        popped[static_cast<size_t>(t * tables_ + tb)] = Evict(t, tb, i);
+        popped[static_cast<size_t>(t * tracks_ + tb)] = Evict(t, tb, i);
       });
-      for (int t = 0; t < trainers_ * tables_; ++t) {
+      for (int t = 0; t < trainers_ * tracks_; ++t) {
         if (!popped[t]) {
           return absl::InternalError(
-              absl::StrCat("iteration ", i, ", trainer ", t / tables_, ", table ",
-                           options_.schema.table_names[t % tables_],
+              absl::StrCat("iteration ", i, ", trainer ", t / tracks_, ", table ",
+                           options_.schema.table_names[track_table_[t % tracks_]],
                            ": the eviction queue holds fewer rows than counted"));
         }
       }

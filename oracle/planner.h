@@ -21,9 +21,10 @@
 //      kDevice  every row of every table is resident on every trainer from the start at slot
 //               RowId (capacity = total rows); no fills, no evictions.
 //    Remaining ties (same next use, same last use) are broken deterministically: lower table
-//    first, then the order rows entered the queue. A fill takes the slot of a victim evicted at the
-//    same boundary, in victim order (extract-before-fill), else a free slot (never-used slots
-//    lowest first). Plans are a pure function of the options and the stream.
+//    first (then lower part of a split table, below), then the order rows entered the queue. A fill
+//    takes the slot of a victim evicted at the same boundary, in victim order
+//    (extract-before-fill), else a free slot (never-used slots lowest first). Plans are a pure
+//    function of the options and the stream.
 //  - |D_t(i)| > capacity fails with an error naming the iteration, the trainer, the working set
 //    and the capacity.
 //
@@ -66,6 +67,15 @@
 // the capacity in all (64 bytes a row), shared among the hashed tables in proportion to
 // min(table rows, capacity), so that a steady stream rarely grows one: a grown map is rehashed
 // into fresh memory, a stall of tens of milliseconds on one iteration.
+//
+// Splitting large tables (PlannerOptions::split_min_rows, split_parts; one trainer): the
+// planner's work is parallel across (trainer, table), and the few largest tables of a Criteo-like
+// stream take most of it. With one trainer such a table is split by a hash of its ids into parts
+// that the planner treats as tables of their own, each one a task. Residency is unchanged in
+// kind (Belady within the window, the same capacity), but ties between rows of different parts
+// are broken by part, and unique_rows lists a split table's rows part by part (first-occurrence
+// order within a part) — so plans depend on the split, deterministically. With several trainers
+// every (trainer, table) is already a task, and tables are not split.
 //
 // Thread-safety: a Planner is used by one thread at a time (it parallelises internally with TBB
 // across trainers and tables). After any call returns an error, the planner must be destroyed.
@@ -116,12 +126,31 @@ struct PlannerOptions {
   // so that planning looks up only the rows that were not resident then (tables whose records
   // stay cached gain nothing). Plans are the same for any value.
   int64_t capture_min_rows = int64_t{1} << 16;
+  // With one trainer, under every policy but kDevice: tables above split_min_rows rows are
+  // planned as `split_parts` parts (rows assigned by a hash of their ids), each with its own row
+  // records (a directly indexed table's parts each index all its rows), queues and tasks, so
+  // that a few large tables do not bound the planner's time on many cores ("Splitting large
+  // tables" above). It costs some total work (~0.1 ms a batch per Criteo-sized table split in 4
+  // on the 2-core VM; +10-25% on 2 threads for the 5 Kaggle tables above 1Mi rows), and pays
+  // only on many cores (modeled from measured tasks, README "planner"). 1 = no splitting. Plans
+  // depend on both. The default threshold splits only hashed tables (> dense_index_max_rows).
+  int64_t split_min_rows = int64_t{1} << 20;
+  int split_parts = 1;
   // When > 0: the planner times every task of its parallel passes (two clock reads a task) and
   // PlannerStats models its time on this many workers (see PlannerStats::modeled_seconds).
   int model_workers = 0;
 };
 
 inline constexpr int64_t kDefaultWritebackHorizon = 64;
+
+// The part of a split table (PlannerOptions::split_parts) that the table's row `id` belongs to,
+// in [0, parts): the low 32 bits of the id's Fibonacci product, scaled to the range. (The row
+// tables hash ids by the product's top bits, which these do not overlap for tables under 2^32
+// buckets, so each part's rows still spread over all of its row table's buckets.)
+inline int SplitTablePart(int64_t id, int parts) {
+  const uint64_t low = static_cast<uint32_t>(static_cast<uint64_t>(id) * 0x9e3779b97f4a7c15ULL);
+  return static_cast<int>((low * static_cast<uint64_t>(parts)) >> 32);
+}
 
 // Counters, FBGEMM style (enum-indexed array).
 enum class PlannerCounter : int {

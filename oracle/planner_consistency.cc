@@ -184,7 +184,7 @@ void Planner::Impl::Consistency(int table, Iteration i) {
     // Tables small enough for a direct index: mark the shared ids in a bitmap and read them back
     // in order (a scan of at most table_rows / 64 words instead of a sort), clearing the bits.
     std::vector<uint64_t>& bits = sync.shared_bits;
-    bits.resize(static_cast<size_t>(options_.schema.table_rows[table] + 63) / 64, 0);
+    bits.resize(static_cast<size_t>(table_rows(table) + 63) / 64, 0);
     size_t first = bits.size();
     size_t last = 0;
     for (uint32_t handle : sync.touched) {
@@ -304,7 +304,7 @@ void Planner::Impl::Assemble(int trainer, Iteration i) {
     exchange.recv.reserve(recv_count);
     plan.peers.push_back(std::move(exchange));
   }
-  for (int tb = 0; tb < tables_; ++tb) {
+  for (int tb = 0; tb < tracks_; ++tb) {
     const TableSync& sync = sync_[tb];
     const std::vector<int32_t>& private_rows = sync.private_rows[trainer];
     plan.private_unique.insert(plan.private_unique.end(), private_rows.begin(), private_rows.end());

@@ -121,7 +121,7 @@ std::vector<TrainerPlan> Planner::Impl::DrainDevice() {
   std::vector<TrainerPlan> plans;
   for (int t = 0; t < trainers_; ++t) plans.push_back(DrainPlan(t));
   TrainerPlan& owner = plans[0];
-  for (int tb = 0; tb < tables_; ++tb) {
+  for (int tb = 0; tb < tracks_; ++tb) {
     const std::vector<uint64_t>& dirty = globals_[tb].device_dirty;
     for (size_t w = 0; w < dirty.size(); ++w) {
       for (uint64_t bits = dirty[w]; bits != 0; bits &= bits - 1) {

@@ -12,9 +12,15 @@
 //  - With several trainers, per table a GlobalTable: the cross-trainer state of held and
 //    recently written-back rows. With one trainer the write-back stamp lives in the TrainerRow
 //    (the trainer is the only holder) and no global state is kept.
+// Tracks: the planner works on tracks rather than tables. A track is a table, or one part of a
+// table split by PlannerOptions::split_parts (planner.h); a split table's tracks are consecutive
+// and its ids reach them through TableTrack::part_ids. Below, and in the phases' `table`
+// arguments, "table" means track, except for the schema's tables (Validate, tables_, the plans'
+// offsets).
 // Everything TBB tasks touch in parallel is split by table or by trainer; the phases say which.
 // Entering batch k:
-//   Validate      (trainer, table)  offsets and ids; nothing changes before the batch is good
+//   Validate      (trainer, schema table)  offsets and ids; nothing changes before the batch is
+//                                   good, but for a split table's ids sent to its tracks
 //   Link          (trainer, table)  distinct rows (through the row records: a repeated id finds
 //                                   its record with last_occ = k), unique_index, next-use
 //                                   links, queue moves of revived rows (kDevice: Dedup)
@@ -82,6 +88,9 @@ inline void StoreNextUse(uint8_t* at, int32_t distance, int width) {
     std::memcpy(at, &distance, sizeof(distance));
   }
 }
+
+// PlannerOptions::split_parts at most.
+inline constexpr int kMaxSplitParts = 64;
 
 // Segment::slots as Link leaves them, for a row not resident when its batch entered: the row
 // occurs earlier in the window, so the planning of that occurrence decides its slot (Classify
@@ -179,6 +188,12 @@ struct TableTrack {
   // hold (one byte an entry for L <= 256: a quarter of 4-byte entries).
   HugeVector<uint8_t> next;
   size_t next_stride = 0;
+  // Tracks of a split table (Enter): the trainer's ids of the entering batch that fall in this
+  // track, their positions in the table's ids of the shard, and Link's unique_index entries for
+  // them (segment positions), which the copy after Link moves to their places.
+  UninitVector<int64_t> part_ids;
+  UninitVector<int32_t> part_pos;
+  UninitVector<uint32_t> part_index;
   // One trainer: records of evicted rows waiting for their write-back stamp to expire.
   std::deque<std::pair<Iteration, int64_t>> expiry;  // (evicted at, row id)
   // Rows evicted while a known next use kept them in `buckets`: the window batches entered by
@@ -333,12 +348,16 @@ class Planner::Impl {
 
   // planner.cc
   // Parallel passes. ForEachTrainerTable runs body(trainer, table) for every pair; workers take
-  // the pairs one at a time in table_order_ (largest first: longest-processing-time-first
-  // scheduling, so that a few big tables do not end up together at the end of one worker's
-  // share). ForEach runs body(k) for k in [0, count). Both time their tasks for the model of
-  // PlannerStats::modeled_seconds when options_.model_workers > 0.
+  // the pairs one at a time in table_order_ or `order` (largest first:
+  // longest-processing-time-first scheduling, so that a few big tables do not end up together at
+  // the end of one worker's share). ForEach runs body(k) for k in [0, count). Both time their tasks
+  // for the model of PlannerStats::modeled_seconds when options_.model_workers > 0.
   template <typename Body>
-  void ForEachTrainerTable(int trainers, const Body& body);
+  void ForEachTrainerTable(int trainers, const Body& body) {
+    ForEachTrainerTable(trainers, table_order_, body);
+  }
+  template <typename Body>
+  void ForEachTrainerTable(int trainers, const std::vector<int>& order, const Body& body);
   template <typename Body>
   void ForEach(int count, const Body& body);
   template <typename Task>
@@ -351,6 +370,8 @@ class Planner::Impl {
   template <typename Vector>
   void TakeSpare(int k, Vector& to, Vector& from, bool keep_contents);
   absl::Status Validate(int trainer, int table, const Batch& batch, Iteration iteration) const;
+  // Sends the trainer's ids of split schema table `table` to its tracks (TableTrack::part_ids).
+  void Partition(int trainer, int table, const Batch& batch);
   void Dedup(int trainer, int table, const Batch& batch, WindowBatch& wb);
   void Link(int trainer, int table, const Batch& batch, WindowBatch& wb);
   void BuildLocalBatch(Batch& batch, WindowBatch& wb);
@@ -385,16 +406,28 @@ class Planner::Impl {
 
   PlannerOptions options_;
   int trainers_ = 1;
-  int tables_ = 0;
+  int tables_ = 0;  // the schema's
+  int tracks_ = 0;
+  std::vector<int> track_table_;        // per track: its schema table
+  std::vector<int> table_first_track_;  // per schema table, and tables_: its first track
+  int64_t table_rows(int track) const {
+    return options_.schema.table_rows[static_cast<size_t>(track_table_[track])];
+  }
+  bool split(int table) const {
+    return table_first_track_[table + 1] - table_first_track_[table] > 1;
+  }
   int lookahead_ = 1;  // effective: options_.lookahead for kOracle, else 1
   // Bytes of a next-use distance (oracle_internal::NextUseWidth of lookahead_).
   int next_width_ = 4;
   int emit_lag_ = 2;
   int64_t horizon_ = kDefaultWritebackHorizon;
   int64_t capacity_ = 0;
-  std::vector<RowId> table_offsets_;
-  std::vector<int> table_order_;  // tables by row count, largest first (the order of parallel work)
-  std::vector<uint8_t> capture_;  // per table: capture_slots
+  std::vector<RowId> table_offsets_;  // per track: its table's RowId offset
+  // Schema tables by row count, largest first, and tracks by row count / parts: the order of
+  // parallel work.
+  std::vector<int> schema_order_;
+  std::vector<int> table_order_;
+  std::vector<uint8_t> capture_;  // per track: capture_slots
 
   std::vector<WindowBatch> window_;
   Iteration pushed_ = 0;        // batches entered

@@ -76,7 +76,7 @@ void Planner::Impl::Classify(int trainer, int table, Iteration i) {
   if (!lfu && !off && !several && track.rows.dense()) {
     // The common case of a dense table with one trainer: slots and misses only, records read
     // directly (prefetched when they outgrow the caches).
-    const bool prefetch = options_.schema.table_rows[table] > oracle_internal::kDenseNoPrefetchRows;
+    const bool prefetch = table_rows(table) > oracle_internal::kDenseNoPrefetchRows;
     const auto records = track.rows.dense_records();
     for (int32_t p = 0; p < n; ++p) {
       if (prefetch && p + kAhead < n) {
@@ -206,7 +206,7 @@ bool Planner::Impl::SelectVictims(int trainer, Iteration i) {
       while (need > 0) {
         int best_table = -1;
         QueueKey best{};
-        for (int tb = 0; tb < tables_; ++tb) {
+        for (int tb = 0; tb < tracks_; ++tb) {
           const std::optional<QueueKey> key = head(tb);
           if (key && (best_table < 0 || *key < best)) {
             best = *key;
@@ -214,7 +214,7 @@ bool Planner::Impl::SelectVictims(int trainer, Iteration i) {
           }
         }
         if (best_table < 0) break;
-        for (int tb = best_table; tb < tables_ && need > 0; ++tb) {
+        for (int tb = best_table; tb < tracks_ && need > 0; ++tb) {
           while (need > 0) {
             const std::optional<QueueKey> key = head(tb);
             if (!key || *key != best) break;
@@ -228,18 +228,18 @@ bool Planner::Impl::SelectVictims(int trainer, Iteration i) {
       // eviction order (from the queues' live counts per last use); Evict pops them, one task
       // per table.
       std::vector<size_t>& cursor = c.key_cursor;
-      cursor.assign(static_cast<size_t>(tables_), 0);
+      cursor.assign(static_cast<size_t>(tracks_), 0);
       int64_t position = 0;
       while (need > 0) {
         Iteration best = std::numeric_limits<Iteration>::max();
-        for (int tb = 0; tb < tables_; ++tb) {
+        for (int tb = 0; tb < tracks_; ++tb) {
           const std::deque<oracle_internal::KeyCount>& keys = c.tables[tb].lru.keys();
           size_t& k = cursor[static_cast<size_t>(tb)];
           while (k < keys.size() && keys[k].count == 0) ++k;
           if (k < keys.size()) best = std::min(best, keys[k].last_use);
         }
         if (best == std::numeric_limits<Iteration>::max()) break;
-        for (int tb = 0; tb < tables_ && need > 0; ++tb) {
+        for (int tb = 0; tb < tracks_ && need > 0; ++tb) {
           const std::deque<oracle_internal::KeyCount>& keys = c.tables[tb].lru.keys();
           size_t& k = cursor[static_cast<size_t>(tb)];
           if (k == keys.size() || keys[k].last_use != best) continue;
@@ -260,7 +260,7 @@ bool Planner::Impl::SelectVictims(int trainer, Iteration i) {
     }
     // Rows whose next use is known, furthest first (kOracle).
     for (Iteration b = i + lookahead_ - 1; b > i && need > 0; --b) {
-      for (int tb = 0; tb < tables_ && need > 0; ++tb) {
+      for (int tb = 0; tb < tracks_ && need > 0; ++tb) {
         oracle_internal::NextUseBuckets& buckets = c.tables[tb].buckets;
         while (need > 0 && buckets.count(b) > 0) {
           const SlotId slot = buckets.Pop(b, slots);

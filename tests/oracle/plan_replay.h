@@ -13,7 +13,8 @@
 // It checks, with ADD_FAILURE naming the iteration, trainer and row:
 //  - slots: in [0, capacity), a fill never lands in an occupied slot, extractions name the
 //    slot's row, each unique row is resident at its planned slot;
-//  - the local batch: unique_rows = the shard's distinct rows in first-occurrence order,
+//  - the local batch: unique_rows = the shard's distinct rows in first-occurrence order (split
+//    tables: part by part, planner.h),
 //    unique_index maps every id, labels/dense/offsets = Batch::Slice of the shard;
 //  - values: every row read at i and every write-back at boundary i carries every update of
 //    iterations < i; every write-back brings the server something new (no redundant write-back)
@@ -37,6 +38,7 @@
 #include "data/schema.h"
 #include "gtest/gtest.h"
 #include "oracle/plan.h"
+#include "oracle/planner.h"
 #include "tests/oracle/trace_testing.h"
 
 namespace bagpipe::testing {
@@ -60,6 +62,10 @@ class PlanReplay {
     int64_t horizon = 0;
     bool device = false;  // every row resident everywhere at slot RowId from the start
     bool build_batch = true;
+    // PlannerOptions::split_parts and split_min_rows (one trainer): unique_rows lists a split
+    // table's rows part by part.
+    int split_parts = 1;
+    int64_t split_min_rows = 0;
   };
 
   explicit PlanReplay(Options options) : o_(std::move(options)), caches_(o_.trainers) {}
@@ -82,6 +88,7 @@ class PlanReplay {
     std::map<RowId, uint64_t> touchers;
     for (int t = 0; t < o_.trainers; ++t) {
       distinct[t] = DistinctRows(ShardRows(batch, o_.schema, o_.trainers, t));
+      if (o_.trainers == 1 && o_.split_parts > 1 && !o_.device) SplitOrder(distinct[t]);
       for (RowId r : distinct[t]) touchers[r] |= uint64_t{1} << t;
       CheckLocalBatch(batch, i, t, plans[t], distinct[t]);
       if (::testing::Test::HasFatalFailure()) return;
@@ -346,6 +353,20 @@ class PlanReplay {
         EXPECT_LE(static_cast<int64_t>(caches_[t].slots.size()), o_.capacity);
       }
     }
+  }
+
+  // Distinct rows in the planner's order for split tables: by table, a split table's rows by
+  // part (planner.h SplitTablePart), first-occurrence order within a part.
+  void SplitOrder(std::vector<RowId>& rows) const {
+    const std::vector<RowId> offsets = o_.schema.TableOffsets();
+    auto key = [&](RowId r) {
+      const int table = static_cast<int>(std::upper_bound(offsets.begin(), offsets.end(), r) -
+                                         offsets.begin() - 1);
+      const int64_t id = r - offsets[table];
+      const bool split = o_.schema.table_rows[table] > o_.split_min_rows;
+      return std::pair<int, int>(table, split ? SplitTablePart(id, o_.split_parts) : 0);
+    };
+    std::stable_sort(rows.begin(), rows.end(), [&](RowId a, RowId b) { return key(a) < key(b); });
   }
 
   void CheckLocalBatch(const Batch& batch, Iteration i, int t, const TrainerPlan& plan,

@@ -33,6 +33,7 @@ struct Case {
   int max_pooling;
   uint64_t seed;
   int64_t id_scale = 1;  // TraceSpec::id_scale
+  int split_parts = 1;   // PlannerOptions::split_parts for the tables above 100 rows
 };
 
 std::string Name(const Case& c) {
@@ -40,7 +41,7 @@ std::string Name(const Case& c) {
          std::to_string(c.extra_capacity) + " L" + std::to_string(c.lookahead) + " E" +
          std::to_string(c.emit_lag) + " H" + std::to_string(c.horizon) + " alpha" +
          std::to_string(c.alpha) + " pool" + std::to_string(c.max_pooling) + " seed" +
-         std::to_string(c.seed);
+         std::to_string(c.seed) + " split" + std::to_string(c.split_parts);
 }
 
 // Plans the trace and replays every plan and the Drain.
@@ -72,6 +73,8 @@ void Replay(const Case& c, bool build_batch = true) {
   if (c.seed % 2 == 1) o.dense_index_max_rows = 0;
   // Seeds 2 and 3 mod 4 have Link record the slots of every table (PlannerOptions).
   if (c.seed % 4 >= 2) o.capture_min_rows = 0;
+  o.split_parts = c.split_parts;
+  o.split_min_rows = 100;
   const PlannerRun run = RunPlanner(o, trace);
   ASSERT_EQ(run.plans.size(), trace.size());
 
@@ -82,6 +85,8 @@ void Replay(const Case& c, bool build_batch = true) {
   r.horizon = c.horizon;
   r.device = c.policy == CachePolicy::kDevice;
   r.build_batch = build_batch;
+  r.split_parts = c.split_parts;
+  r.split_min_rows = o.split_min_rows;
   PlanReplay replay(r);
   for (size_t i = 0; i < trace.size(); ++i) {
     replay.Step(trace[i], static_cast<Iteration>(i), run.plans[i]);
@@ -154,6 +159,27 @@ TEST(PlanReplayTest, IdsBeyond32Bits) {
   for (int trainers : {2, 3}) {
     Replay({CachePolicy::kOracle, trainers, 4, 6, 2, 6, 1.1, 2, seed++, int64_t{1} << 24});
     Replay({CachePolicy::kLru, trainers, 2, 1, 2, 5, 1.05, 1, seed++, int64_t{1} << 24});
+  }
+}
+
+// One trainer with the tables above 100 rows split into parts (PlannerOptions::split_parts):
+// every policy, capacities from the working set up, both row-record forms, slot capture on and
+// off (seeds), pooled bags, ids past 2^32; with several trainers the option changes nothing.
+TEST(PlanReplayTest, SplitTables) {
+  uint64_t seed = 700;
+  for (int parts : {2, 3, 4}) {
+    for (int64_t extra : {0, 11, 400}) {
+      Replay({CachePolicy::kOracle, 1, extra, 6, 2, 5, 1.1, 1, seed++, 1, parts});
+      Replay({CachePolicy::kOracle, 1, extra, 50, 1, 3, 0.9, 3, seed++, 1, parts});
+      Replay({CachePolicy::kLru, 1, extra, 1, 2, 5, 1.05, 2, seed++, 1, parts});
+      Replay({CachePolicy::kLfu, 1, extra, 1, 2, 5, 1.05, 2, seed++, 1, parts});
+      Replay({CachePolicy::kOff, 1, extra, 1, 2, 5, 1.05, 1, seed++, 1, parts});
+      if (HasFailure()) return;
+    }
+    Replay({CachePolicy::kOracle, 1, 4, 6, 2, 6, 1.1, 2, seed++, int64_t{1} << 24, parts});
+    Replay({CachePolicy::kOracle, 3, 4, 6, 2, 6, 1.1, 2, seed++, 1, parts});
+    Replay({CachePolicy::kDevice, 1, 0, 1, 2, 8, 0.8, 3, seed++, 1, parts});
+    if (HasFailure()) return;
   }
 }
 

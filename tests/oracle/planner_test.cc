@@ -118,6 +118,14 @@ TEST(PlannerOptionsTest, RejectsInvalidOptions) {
   o = Options(OneTable(10), CachePolicy::kOracle, 4);
   o.model_workers = -1;
   expect_invalid(o, "model_workers");
+  o = Options(OneTable(10), CachePolicy::kOracle, 4);
+  o.split_parts = 0;
+  expect_invalid(o, "split_parts");
+  o.split_parts = 65;
+  expect_invalid(o, "split_parts");
+  o.split_parts = 2;
+  o.split_min_rows = -1;
+  expect_invalid(o, "split_min_rows");
   // Device mode needs no capacity.
   EXPECT_TRUE(Planner::Create(Options(OneTable(10), CachePolicy::kDevice, 0)).ok());
 }
@@ -495,6 +503,63 @@ TEST(PlannerTest, MissCountsMatchADirectApplicationOfEachPolicy) {
           }
         }
       }
+    }
+  }
+}
+
+// Split tables (PlannerOptions::split_parts) break ties between rows of different parts by part,
+// which cannot change the misses of Belady's full-future choice: with L beyond the trace they
+// are the reference's, iteration by iteration. The plans do not depend on the thread count, and
+// with several trainers the option changes nothing.
+TEST(PlannerTest, SplitTablesKeepBeladysMissesAndDeterminism) {
+  TraceSpec spec;
+  spec.table_rows = {30, 400, 2000};
+  spec.batches = 40;
+  spec.batch_size = 24;
+  spec.max_pooling = 2;
+  spec.seed = 17;
+  const auto trace = MakeTrace(spec);
+  const Schema schema = TraceSchema(spec);
+  const auto demand = Demand(trace, schema, 1);
+  const int64_t ws = MaxWorkingSet(trace, schema, 1);
+  for (int parts : {2, 4, 7}) {
+    for (int64_t capacity : {ws, ws + 20}) {
+      SCOPED_TRACE(::testing::Message() << "parts " << parts << " capacity " << capacity);
+      PlannerOptions o = Options(schema, CachePolicy::kOracle, capacity, /*lookahead=*/100);
+      o.split_parts = parts;
+      o.split_min_rows = 100;
+      if (capacity != ws) o.dense_index_max_rows = 0;
+      const PlannerRun run = RunPlanner(o, trace);
+      ASSERT_EQ(run.plans.size(), trace.size());
+      const std::vector<int64_t> expected =
+          ReferenceMisses(demand[0], CachePolicy::kOracle, capacity, 100);
+      for (size_t i = 0; i < trace.size(); ++i) {
+        ASSERT_EQ(static_cast<int64_t>(run.plans[i][0].fills.size()), expected[i])
+            << "iteration " << i;
+      }
+      o.lookahead = 4;
+      const PlannerRun a = RunPlanner(o, trace);
+      PlannerRun b;
+      {
+        tbb::global_control one_thread(tbb::global_control::max_allowed_parallelism, 1);
+        b = RunPlanner(o, trace);
+      }
+      ASSERT_EQ(a.plans.size(), b.plans.size());
+      for (size_t i = 0; i < a.plans.size(); ++i) {
+        EXPECT_TRUE(a.plans[i][0] == b.plans[i][0]) << "iteration " << i;
+      }
+    }
+  }
+  PlannerOptions o =
+      Options(schema, CachePolicy::kOracle, MaxWorkingSet(trace, schema, 2) + 3, 5, 2);
+  const PlannerRun whole = RunPlanner(o, trace);
+  o.split_parts = 4;
+  o.split_min_rows = 100;
+  const PlannerRun split = RunPlanner(o, trace);
+  ASSERT_EQ(whole.plans.size(), split.plans.size());
+  for (size_t i = 0; i < whole.plans.size(); ++i) {
+    for (size_t t = 0; t < whole.plans[i].size(); ++t) {
+      EXPECT_TRUE(whole.plans[i][t] == split.plans[i][t]) << "iteration " << i;
     }
   }
 }
