@@ -195,6 +195,8 @@ int Main(int argc, char** argv) {
   int64_t dense_max_rows = PlannerOptions{}.dense_index_max_rows;
   int64_t capture_min_rows = PlannerOptions{}.capture_min_rows;
   int model_workers = 0;
+  int split_parts = PlannerOptions{}.split_parts;
+  int64_t split_min_rows = PlannerOptions{}.split_min_rows;
   app.add_option("--trainers", trainers, "trainers (1..64)")->capture_default_str();
   app.add_option("--threads", threads, "TBB threads (0: all cores)")->capture_default_str();
   app.add_option("--warmup", warmup, "batches pushed before the measured ones")
@@ -212,6 +214,11 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--capture-min-rows", capture_min_rows,
                  "tables above this many rows record slots at entry (PlannerOptions)")
+      ->capture_default_str();
+  app.add_option("--split-parts", split_parts,
+                 "parts of each table above --split-min-rows rows (PlannerOptions; 1 = none)")
+      ->capture_default_str();
+  app.add_option("--split-min-rows", split_min_rows, "PlannerOptions::split_min_rows")
       ->capture_default_str();
   app.add_option("--model-workers", model_workers,
                  "P > 0: also print the planner's modeled time per batch on P workers and its "
@@ -263,6 +270,8 @@ int Main(int argc, char** argv) {
   options.dense_index_max_rows = dense_max_rows;
   options.capture_min_rows = capture_min_rows;
   options.model_workers = model_workers;
+  options.split_parts = split_parts;
+  options.split_min_rows = split_min_rows;
   auto planner = Planner::Create(options);
   if (!planner.ok()) {
     std::cerr << "planner_replay: " << planner.status().message() << "\n";
