@@ -20,6 +20,7 @@
 namespace bagpipe {
 
 using oracle_internal::kNoHandle;
+using oracle_internal::PlannerPass;
 using oracle_internal::Segment;
 using oracle_internal::TableTrack;
 using oracle_internal::TrainerCache;
@@ -254,10 +255,12 @@ nlohmann::json PlannerStats::ToJson() const {
 Planner::Impl::Impl(PlannerOptions options) : options_(std::move(options)) {}
 
 template <typename Body>
-void Planner::Impl::ForEachTrainerTable(int trainers, const std::vector<int>& tables,
-                                        const Body& body) {
+void Planner::Impl::ForEachTrainerTable(oracle_internal::PlannerPass pass, int trainers,
+                                        const std::vector<int>& tables, const Body& body) {
   const int count = trainers * static_cast<int>(tables.size());
-  RunPass(count, [&](int k) { body(k % trainers, tables[static_cast<size_t>(k / trainers)]); });
+  RunPass(
+      count, [&](int k) { body(k % trainers, tables[static_cast<size_t>(k / trainers)]); },
+      &schedules_[static_cast<size_t>(pass)]);
 }
 
 template <typename Body>
@@ -266,25 +269,50 @@ void Planner::Impl::ForEach(int count, const Body& body) {
 }
 
 template <typename Task>
-void Planner::Impl::RunPass(int count, const Task& task) {
-  const bool timed = options_.model_workers > 0;
-  Stopwatch wall;
-  if (timed) task_seconds_.assign(static_cast<size_t>(count), 0.0);
-  std::atomic<int> next{0};
+void Planner::Impl::RunPass(int count, const Task& task, oracle_internal::TaskSchedule* schedule) {
+  const bool modeled = options_.model_workers > 0;
   const int workers = std::min(count, tbb::this_task_arena::max_concurrency());
+  // Tasks are timed for the model, and to order them when several workers share them.
+  const bool learn = schedule != nullptr && (workers > 1 || modeled);
+  const int* order = nullptr;
+  if (learn) {
+    if (schedule->seconds.size() != static_cast<size_t>(count)) {
+      schedule->seconds.assign(static_cast<size_t>(count), 0.0f);
+      schedule->order.resize(static_cast<size_t>(count));
+      std::iota(schedule->order.begin(), schedule->order.end(), 0);
+    }
+    order = schedule->order.data();
+  }
+  const bool timed = modeled || learn;
+  Stopwatch wall;
+  if (modeled) task_seconds_.assign(static_cast<size_t>(count), 0.0);
+  std::atomic<int> next{0};
   tbb::parallel_for(0, workers, [&](int) {
-    for (int k = next.fetch_add(1, std::memory_order_relaxed); k < count;
-         k = next.fetch_add(1, std::memory_order_relaxed)) {
-      if (timed) {
-        Stopwatch watch;
+    for (int at = next.fetch_add(1, std::memory_order_relaxed); at < count;
+         at = next.fetch_add(1, std::memory_order_relaxed)) {
+      const int k = order != nullptr ? order[at] : at;
+      if (!timed) {
         task(k);
-        task_seconds_[static_cast<size_t>(k)] = watch.Seconds();
-      } else {
-        task(k);
+        continue;
+      }
+      Stopwatch watch;
+      task(k);
+      const double seconds = watch.Seconds();
+      if (modeled) task_seconds_[static_cast<size_t>(at)] = seconds;
+      if (learn) {
+        float& average = schedule->seconds[static_cast<size_t>(k)];
+        average = 0.5f * average + 0.5f * static_cast<float>(seconds);
       }
     }
   });
-  if (!timed) return;
+  if (learn) {
+    // Longest first; ties (and tasks not yet measured) keep the static order.
+    const float* seconds = schedule->seconds.data();
+    std::iota(schedule->order.begin(), schedule->order.end(), 0);
+    std::stable_sort(schedule->order.begin(), schedule->order.end(),
+                     [&](int a, int b) { return seconds[a] > seconds[b]; });
+  }
+  if (!modeled) return;
   stats_.pass_seconds += wall.Seconds();
   modeled_pass_seconds_ += ListScheduleMakespan(task_seconds_, options_.model_workers);
   span_pass_seconds_ +=
@@ -681,14 +709,14 @@ absl::Status Planner::Impl::Enter(Batch& batch) {
 
   // Nothing of the planner's state changes before the batch is known to be good.
   std::vector<absl::Status> errors(static_cast<size_t>(trainers_ * tables_));
-  ForEachTrainerTable(trainers_, schema_order_, [&](int t, int tb) {
+  ForEachTrainerTable(PlannerPass::kValidate, trainers_, schema_order_, [&](int t, int tb) {
     absl::Status& status = errors[static_cast<size_t>(tb * trainers_ + t)];
     status = Validate(t, tb, batch, k);
     if (status.ok() && split(tb)) Partition(t, tb, batch);
   });
   for (const absl::Status& status : errors) RETURN_IF_ERROR(status);
   const bool device = options_.policy == CachePolicy::kDevice;
-  ForEachTrainerTable(trainers_, [&](int t, int tb) {
+  ForEachTrainerTable(PlannerPass::kLink, trainers_, [&](int t, int tb) {
     if (device) {
       Dedup(t, tb, batch, wb);
     } else {
@@ -711,7 +739,7 @@ absl::Status Planner::Impl::Enter(Batch& batch) {
     slice.plan.unique_rows.resize(static_cast<size_t>(total));
     slice.plan.unique_slots.resize(static_cast<size_t>(total));
   }
-  ForEachTrainerTable(trainers_, [&](int t, int tb) {
+  ForEachTrainerTable(PlannerPass::kCopy, trainers_, [&](int t, int tb) {
     TrainerSlice& slice = wb.trainers[t];
     const Segment& seg = slice.tables[tb];
     std::copy(seg.rows.begin(), seg.rows.end(), slice.plan.unique_rows.begin() + seg.first_unique);
@@ -1057,7 +1085,8 @@ absl::Status Planner::Impl::PlanNext() {
     ForEach(tracks_, [&](int tb) { PlanDevice(tb, i); });
     lap(PlannerPhase::kConsistency);
   } else {
-    ForEachTrainerTable(trainers_, [&](int t, int tb) { Classify(t, tb, i); });
+    ForEachTrainerTable(PlannerPass::kClassify, trainers_,
+                        [&](int t, int tb) { Classify(t, tb, i); });
     lap(PlannerPhase::kClassify);
     std::vector<uint8_t> ok(trainers_, 1);
     ForEach(trainers_, [&](int t) { ok[t] = SelectVictims(t, i); });
@@ -1073,7 +1102,7 @@ absl::Status Planner::Impl::PlanNext() {
     }
     if (runs) {
       std::vector<uint8_t> popped(static_cast<size_t>(trainers_ * tracks_), 1);
-      ForEachTrainerTable(trainers_, [&](int t, int tb) {
+      ForEachTrainerTable(PlannerPass::kEvict, trainers_, [&](int t, int tb) {
         popped[static_cast<size_t>(t * tracks_ + tb)] = Evict(t, tb, i);
       });
       for (int t = 0; t < trainers_ * tracks_; ++t) {
@@ -1086,9 +1115,11 @@ absl::Status Planner::Impl::PlanNext() {
       }
     }
     lap(PlannerPhase::kVictims);
-    ForEachTrainerTable(trainers_, [&](int t, int tb) { Apply(t, tb, i); });
+    ForEachTrainerTable(PlannerPass::kApply, trainers_, [&](int t, int tb) { Apply(t, tb, i); });
     lap(PlannerPhase::kApply);
-    if (trainers_ > 1) ForEachTrainerTable(1, [&](int, int tb) { Consistency(tb, i); });
+    if (trainers_ > 1) {
+      ForEachTrainerTable(PlannerPass::kConsistency, 1, [&](int, int tb) { Consistency(tb, i); });
+    }
     lap(PlannerPhase::kConsistency);
   }
   // Flushes land in plans of earlier (unreleased) iterations, appended in table order.

@@ -92,6 +92,25 @@ inline void StoreNextUse(uint8_t* at, int32_t distance, int width) {
 // PlannerOptions::split_parts at most.
 inline constexpr int kMaxSplitParts = 64;
 
+// The parallel passes over (trainer, table) pairs (Planner::Impl::ForEachTrainerTable).
+enum class PlannerPass : int {
+  kValidate,
+  kLink,
+  kCopy,
+  kClassify,
+  kEvict,
+  kApply,
+  kConsistency,
+};
+inline constexpr int kNumPlannerPasses = 7;
+
+// How the tasks of one pass are handed out: `order` lists task indices longest first by
+// `seconds`, a moving average of each task's measured durations (Planner::Impl::RunPass).
+struct TaskSchedule {
+  std::vector<float> seconds;
+  std::vector<int> order;
+};
+
 // Segment::slots as Link leaves them, for a row not resident when its batch entered: the row
 // occurs earlier in the window, so the planning of that occurrence decides its slot (Classify
 // looks it up). kNoSlot there means the row is certainly a miss: nothing fills it before.
@@ -347,21 +366,25 @@ class Planner::Impl {
   }
 
   // planner.cc
-  // Parallel passes. ForEachTrainerTable runs body(trainer, table) for every pair; workers take
-  // the pairs one at a time in table_order_ or `order` (largest first:
-  // longest-processing-time-first scheduling, so that a few big tables do not end up together at
-  // the end of one worker's share). ForEach runs body(k) for k in [0, count). Both time their tasks
-  // for the model of PlannerStats::modeled_seconds when options_.model_workers > 0.
+  // Parallel passes. ForEachTrainerTable runs body(trainer, table) for every pair of `pass`;
+  // workers take the pairs one at a time, longest first (longest-processing-time-first
+  // scheduling, so that a few big tasks do not end up together at the end of one worker's
+  // share): by the durations the same pass's tasks took in the previous iterations, measured
+  // when more than one worker runs them (or model_workers > 0), else in table_order_ or `order`
+  // (largest tables first). The order of the tasks never changes what they compute. ForEach
+  // runs body(k) for k in [0, count). Both time their tasks for the model of
+  // PlannerStats::modeled_seconds when options_.model_workers > 0.
   template <typename Body>
-  void ForEachTrainerTable(int trainers, const Body& body) {
-    ForEachTrainerTable(trainers, table_order_, body);
+  void ForEachTrainerTable(oracle_internal::PlannerPass pass, int trainers, const Body& body) {
+    ForEachTrainerTable(pass, trainers, table_order_, body);
   }
   template <typename Body>
-  void ForEachTrainerTable(int trainers, const std::vector<int>& order, const Body& body);
+  void ForEachTrainerTable(oracle_internal::PlannerPass pass, int trainers,
+                           const std::vector<int>& order, const Body& body);
   template <typename Body>
   void ForEach(int count, const Body& body);
   template <typename Task>
-  void RunPass(int count, const Task& task);
+  void RunPass(int count, const Task& task, oracle_internal::TaskSchedule* schedule = nullptr);
   absl::Status Enter(Batch& batch);
   // An empty plan for Enter, reusing a recycled plan's entry buffers when there is one.
   TrainerPlan SparePlan();
@@ -452,8 +475,12 @@ class Planner::Impl {
   tbb::enumerable_thread_specific<std::vector<int32_t>> positions_;
 
   PlannerStats stats_;
-  // options_.model_workers > 0: the durations of the current pass's tasks, and the sums over
-  // passes of their modeled makespans and of their longest tasks.
+  // Per pass of ForEachTrainerTable: its tasks' measured durations and the order they are
+  // handed out in.
+  std::array<oracle_internal::TaskSchedule, oracle_internal::kNumPlannerPasses> schedules_;
+  // options_.model_workers > 0: the durations of the current pass's tasks (in the order they
+  // were handed out), and the sums over passes of their modeled makespans and of their longest
+  // tasks.
   std::vector<double> task_seconds_;
   double modeled_pass_seconds_ = 0;
   double span_pass_seconds_ = 0;
