@@ -224,6 +224,20 @@ TEST(PlannerTest, RejectsMalformedBatches) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()), HasSubstr("offsets decrease at sample 31, table t"));
 
+  // A table split into parts (PlannerOptions::split_parts) is validated, and named, as one
+  // table, also after good batches went through its parts.
+  PlannerOptions split = Options(OneTable(10), CachePolicy::kOracle, 4, /*lookahead=*/3);
+  split.split_parts = 3;
+  split.split_min_rows = 2;
+  planner = Planner::Create(split);
+  ASSERT_TRUE(planner.ok());
+  ASSERT_TRUE((*planner)->Push(MakeBatch(0, {{1, 7}, {2}, {9}})).ok());
+  ASSERT_TRUE((*planner)->Push(MakeBatch(3, {{0}, {5, 6}, {3}})).ok());
+  status = (*planner)->Push(MakeBatch(6, {{4}, {8}, {2, 10}}));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("sample 8, table t: id 10 is outside [0, 10)"));
+
   planner = Planner::Create(Options(OneTable(10), CachePolicy::kLru, 4));
   ASSERT_TRUE(planner.ok());
   Batch short_offsets = MakeBatch(0, {{1}, {2}});
