@@ -403,12 +403,9 @@ absl::Status Planner::Impl::Init() {
                                                    " tables and parts, got ", tracks_,
                                                    " (lower split_parts)"));
   }
-  // The work of a track grows with its table's rows (they decide how many distinct rows a batch
-  // brings), shared among the parts.
-  auto track_weight = [&](int track) {
-    const int table = track_table_[track];
-    return o.schema.table_rows[table] / (table_first_track_[table + 1] - table_first_track_[table]);
-  };
+  // The order of the passes' tasks until their durations are measured (RunPass): by rows, shared
+  // among a table's parts.
+  auto track_weight = [&](int track) { return table_rows(track) / parts(track_table_[track]); };
   schema_order_.resize(static_cast<size_t>(tables_));
   std::iota(schema_order_.begin(), schema_order_.end(), 0);
   std::stable_sort(schema_order_.begin(), schema_order_.end(),
@@ -442,9 +439,7 @@ absl::Status Planner::Impl::Init() {
     double weights = 0;
     for (int t = 0; t < tracks_; ++t) {
       if (table_rows(t) <= o.dense_index_max_rows) continue;
-      const int table = track_table_[t];
-      reserve[t] = std::min<int64_t>(table_rows(t), capacity_) /
-                   (table_first_track_[table + 1] - table_first_track_[table]);
+      reserve[t] = std::min<int64_t>(table_rows(t), capacity_) / parts(track_table_[t]);
       weights += static_cast<double>(reserve[t]);
     }
     for (int64_t& r : reserve) {
@@ -822,20 +817,20 @@ void Planner::Impl::Partition(int trainer, int table, const Batch& batch) {
   const int64_t n = offsets[range.end] - begin;
   const int64_t* ids = batch.ids.data() + begin;
   const int first = table_first_track_[table];
-  const int parts = table_first_track_[table + 1] - first;
+  const int n_parts = parts(table);
   TableTrack* tracks = caches_[trainer].tables.data() + first;
   int64_t* part_ids[oracle_internal::kMaxSplitParts];
   int32_t* part_pos[oracle_internal::kMaxSplitParts];
   int64_t counts[oracle_internal::kMaxSplitParts];
-  for (int p = 0; p < parts; ++p) {
+  for (int p = 0; p < n_parts; ++p) {
     tracks[p].part_ids.resize(static_cast<size_t>(n));
     tracks[p].part_pos.resize(static_cast<size_t>(n));
     part_ids[p] = tracks[p].part_ids.data();
     part_pos[p] = tracks[p].part_pos.data();
   }
-  SplitIds(ids, n, parts, part_ids, part_pos, counts);
+  SplitIds(ids, n, n_parts, part_ids, part_pos, counts);
   WindowBatch& wb = window(pushed_);
-  for (int p = 0; p < parts; ++p) {
+  for (int p = 0; p < n_parts; ++p) {
     tracks[p].part_ids.resize(static_cast<size_t>(counts[p]));
     tracks[p].part_pos.resize(static_cast<size_t>(counts[p]));
     wb.trainers[trainer].tables[first + p].id_count = counts[p];

@@ -436,9 +436,9 @@ class Planner::Impl {
   int64_t table_rows(int track) const {
     return options_.schema.table_rows[static_cast<size_t>(track_table_[track])];
   }
-  bool split(int table) const {
-    return table_first_track_[table + 1] - table_first_track_[table] > 1;
-  }
+  // The tracks of schema table `table`.
+  int parts(int table) const { return table_first_track_[table + 1] - table_first_track_[table]; }
+  bool split(int table) const { return parts(table) > 1; }
   int lookahead_ = 1;  // effective: options_.lookahead for kOracle, else 1
   // Bytes of a next-use distance (oracle_internal::NextUseWidth of lookahead_).
   int next_width_ = 4;
