@@ -19,6 +19,14 @@ add_library(bagpipe_xxhash INTERFACE)
 target_include_directories(bagpipe_xxhash INTERFACE ${XXHASH_INCLUDE_DIR})
 target_link_libraries(bagpipe_xxhash INTERFACE ${XXHASH_LIBRARY})
 
+# CRC32C of checkpoint files (core/crc32c.h): Intel ISA-L (libisal-dev); Debian 12's Abseil
+# predates absl/crc. No CMake package either: the header and the library.
+find_path(ISAL_INCLUDE_DIR isa-l/crc.h REQUIRED)
+find_library(ISAL_LIBRARY isal REQUIRED)
+add_library(bagpipe_isal INTERFACE)
+target_include_directories(bagpipe_isal INTERFACE ${ISAL_INCLUDE_DIR})
+target_link_libraries(bagpipe_isal INTERFACE ${ISAL_LIBRARY})
+
 # The CBLAS header comes with OpenBLAS (Debian: libopenblas-dev puts it under openblas-pthread).
 find_path(CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas-pthread openblas REQUIRED)
 add_library(bagpipe_blas INTERFACE)

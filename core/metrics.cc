@@ -1,45 +1,102 @@
 #include "core/metrics.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "core/atomic_file.h"
+#include "core/status.h"
 
 namespace bagpipe {
 
 absl::StatusOr<std::unique_ptr<JsonLinesWriter>> JsonLinesWriter::Open(const std::string& path) {
-  if (path == "-")
-    return std::unique_ptr<JsonLinesWriter>(new JsonLinesWriter(stdout, path, false));
-  std::FILE* file = std::fopen(path.c_str(), "w");
-  if (file == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot open metrics file '", path, "' for writing: ", std::strerror(errno)));
+  std::unique_ptr<JsonLinesWriter> writer(new JsonLinesWriter(path));
+  if (path == "-") return writer;
+  const std::filesystem::path p(path);
+  const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot write metrics file '", path,
+                                                   "': its directory: ", std::strerror(errno)));
   }
-  return std::unique_ptr<JsonLinesWriter>(new JsonLinesWriter(file, path, true));
+  return writer;
 }
 
 JsonLinesWriter::~JsonLinesWriter() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (owned_) std::fclose(file_);
+  if (fd_ >= 0 && path_ != "-") ::close(fd_);
 }
 
-void JsonLinesWriter::Write(const nlohmann::json& record) {
+absl::Status JsonLinesWriter::Start(int64_t keep_through_iteration) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return StartLocked(keep_through_iteration);
+}
+
+absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration) {
+  if (started_) return absl::FailedPreconditionError("metrics file started twice");
+  started_ = true;
+  if (path_ == "-") {
+    fd_ = STDOUT_FILENO;
+    return absl::OkStatus();
+  }
+  std::string kept;
+  if (keep_through_iteration >= 0) {
+    std::ifstream in(path_, std::ios::binary);
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    const std::string old = buffer.str();
+    size_t begin = 0;
+    while (begin < old.size()) {
+      const size_t end = old.find('\n', begin);
+      if (end == std::string::npos) break;  // a torn last line
+      const std::string_view line(old.data() + begin, end - begin);
+      const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+      if (!record.is_discarded() &&
+          (!record.is_object() || !record.contains("iteration") ||
+           record.value("iteration", int64_t{0}) <= keep_through_iteration)) {
+        kept.append(old, begin, end + 1 - begin);
+      }
+      begin = end + 1;
+    }
+  }
+  RETURN_IF_ERROR(Annotate(WriteFileAtomically(path_, kept), "metrics file"));
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open metrics file '", path_, "': ", std::strerror(errno)));
+  }
+  size_ = static_cast<int64_t>(kept.size());
+  return absl::OkStatus();
+}
+
+absl::Status JsonLinesWriter::Write(const nlohmann::json& record) {
   const std::string line = record.dump() + "\n";
   std::lock_guard<std::mutex> lock(mu_);
-  std::fwrite(line.data(), 1, line.size(), file_);
-  std::fflush(file_);
+  if (!started_) RETURN_IF_ERROR(StartLocked(-1));
+  if (fd_ < 0) return absl::FailedPreconditionError("metrics file not open");
+  // One write(2) per line; a failed or short one is cut back off (no partial line stays).
+  ssize_t written;
+  do {
+    written = ::write(fd_, line.data(), line.size());
+  } while (written < 0 && errno == EINTR);
+  if (written == static_cast<ssize_t>(line.size())) {
+    size_ += written;
+    return absl::OkStatus();
+  }
+  const int error = written < 0 ? errno : ENOSPC;
+  if (path_ != "-") (void)::ftruncate(fd_, size_);
+  return absl::DataLossError(absl::StrCat("failed writing a line to metrics file '", path_,
+                                          "': ", std::strerror(error),
+                                          " (the file keeps its complete lines)"));
 }
 
 absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& value) {
-  std::ofstream out(path);
-  if (!out) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot open '", path, "' for writing: ", std::strerror(errno)));
-  }
-  out << value.dump(2) << "\n";
-  if (!out) return absl::DataLossError(absl::StrCat("failed writing '", path, "'"));
-  return absl::OkStatus();
+  return WriteFileAtomically(path, value.dump(2) + "\n");
 }
 
 absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path) {

@@ -1,10 +1,21 @@
-// Machine-readable metrics: one JSON object per line (JSON Lines), flushed as written so that a
-// plot or `tail -f` sees progress while the job runs. Has internal synchronization; Write may be
-// called from any thread.
+// Machine-readable metrics: one JSON object per line (JSON Lines), written as they come so that
+// a plot or `tail -f` sees progress while the job runs, and summaries as whole JSON files.
+//
+// Crash safety: the metrics file only ever holds complete lines. Start() replaces the previous
+// file atomically (core/atomic_file.h) — with an empty one, or, when a job resumes from a
+// checkpoint, with the previous file's complete lines up to the resumed iteration — and every
+// record is then appended with one write(2). A write that fails or comes up short (a full
+// disk) is cut back off the file and reported as an error: the file never ends in a partial
+// line because of a failed write. The one thing no user-space writer can rule out is a
+// SIGKILL landing while the kernel copies a line that straddles two pages; the readers in this
+// project (resume, `bagpipe compare`, scripts/plot_runs.py) ignore a final line without its
+// newline, and a resumed job drops it.
+//
+// JsonLinesWriter has internal synchronization; Write may be called from any thread.
 #ifndef BAGPIPE_CORE_METRICS_H_
 #define BAGPIPE_CORE_METRICS_H_
 
-#include <cstdio>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -17,28 +28,36 @@ namespace bagpipe {
 
 class JsonLinesWriter {
  public:
-  // Opens (truncates) `path`; "-" writes to stdout.
+  // Checks that `path` can be written (its directory exists and is writable) without touching
+  // the file; "-" writes to stdout.
   static absl::StatusOr<std::unique_ptr<JsonLinesWriter>> Open(const std::string& path);
   ~JsonLinesWriter();
   JsonLinesWriter(const JsonLinesWriter&) = delete;
   JsonLinesWriter& operator=(const JsonLinesWriter&) = delete;
 
-  // Appends `record` as one line and flushes.
-  void Write(const nlohmann::json& record);
+  // Starts the file. keep_through_iteration < 0: an empty file replaces the old one. Otherwise
+  // (a resumed job) the old file's complete lines whose "iteration" is at most that value (and
+  // lines without one) are kept and later records appended. Either way the replacement is
+  // atomic. Write calls Start(-1) if it was not called. REQUIRES: called at most once.
+  absl::Status Start(int64_t keep_through_iteration = -1);
+  // Appends `record` as one line.
+  absl::Status Write(const nlohmann::json& record);
   const std::string& path() const { return path_; }
 
  private:
-  JsonLinesWriter(std::FILE* file, std::string path, bool owned)
-      : file_(file), path_(std::move(path)), owned_(owned) {}
+  explicit JsonLinesWriter(std::string path) : path_(std::move(path)) {}
+  absl::Status StartLocked(int64_t keep_through_iteration) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Serialises whole lines so concurrent writers never interleave.
   std::mutex mu_;
-  std::FILE* file_ ABSL_GUARDED_BY(mu_);
   const std::string path_;
-  const bool owned_;
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;  // -1 until started; stdout's for "-"
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t size_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of complete lines in the file
 };
 
-// Writes `value` to `path` as pretty-printed JSON (summaries).
+// Writes `value` to `path` as pretty-printed JSON (summaries), atomically: the file holds its
+// old or its new contents whatever happens to the process.
 absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& value);
 absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path);
 

@@ -22,17 +22,23 @@ struct TunableInfo {
 // Every tunable with its current value, in declaration order.
 std::vector<TunableInfo> ListTunables();
 
-#define BAGPIPE_TUNABLES(X)                                                           \
-  X(ReaderChunkBytes, "BAGPIPE_READER_CHUNK_BYTES", 8 << 20,                          \
-    "bytes a text reader parses per parallel chunk")                                  \
-  X(PlanQueueDepth, "BAGPIPE_PLAN_QUEUE_DEPTH", 8,                                    \
-    "plans the oracle may have in flight per trainer beyond the prefetch distance")   \
-  X(StagingSlots, "BAGPIPE_STAGING_SLOTS", 4,                                         \
-    "iterations of fetched rows the prefetcher may hold in staging per trainer")      \
-  X(PeerTimeoutMs, "BAGPIPE_PEER_TIMEOUT_MS", 120000,                                 \
-    "default time a rank waits for a peer before declaring it dead (--peer-timeout)") \
-  X(ProgressIntervalMs, "BAGPIPE_PROGRESS_INTERVAL_MS", 2000,                         \
-    "interval between plain progress lines when stderr is not a terminal")
+#define BAGPIPE_TUNABLES(X)                                                            \
+  X(ReaderChunkBytes, "BAGPIPE_READER_CHUNK_BYTES", 8 << 20,                           \
+    "bytes a text reader parses per parallel chunk")                                   \
+  X(PlanQueueDepth, "BAGPIPE_PLAN_QUEUE_DEPTH", 8,                                     \
+    "plans the oracle may have in flight per trainer beyond the prefetch distance")    \
+  X(StagingSlots, "BAGPIPE_STAGING_SLOTS", 4,                                          \
+    "iterations of fetched rows the prefetcher may hold in staging per trainer")       \
+  X(PeerTimeoutMs, "BAGPIPE_PEER_TIMEOUT_MS", 120000,                                  \
+    "default time a rank waits for a peer before declaring it dead (--peer-timeout)")  \
+  X(ProgressIntervalMs, "BAGPIPE_PROGRESS_INTERVAL_MS", 2000,                          \
+    "interval between plain progress lines when stderr is not a terminal")             \
+  X(CheckpointTimeoutMs, "BAGPIPE_CHECKPOINT_TIMEOUT_MS", 3600000,                     \
+    "time ranks wait while a checkpoint is written or a job resumes (shards, data "    \
+    "skipped) before declaring a peer dead")                                           \
+  X(TestKillInCheckpoint, "BAGPIPE_TEST_KILL_IN_CHECKPOINT", -1,                       \
+    "testing: rank 0 SIGKILLs itself while writing the checkpoint of this iteration, " \
+    "after every shard and before the manifest (-1: never)")
 
 #define BAGPIPE_DECLARE_TUNABLE_(name, env, def, doc) int64_t name();
 BAGPIPE_TUNABLES(BAGPIPE_DECLARE_TUNABLE_)

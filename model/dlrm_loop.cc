@@ -94,7 +94,7 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
       const double samples_per_s = seconds > 0 ? sums[1] / seconds : 0;
       const double hit_rate = sums[2] > 0 ? sums[3] / sums[2] : 0;
       if (options.metrics != nullptr) {
-        options.metrics->Write(
+        RETURN_IF_ERROR(options.metrics->Write(
             {{"kind", "train"},
              {"iteration", iterations},
              {"samples", global_samples},
@@ -103,7 +103,7 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
              {"hit_rate", hit_rate},
              {"seconds", total_watch.Seconds()},
              {"time_ms", now.Minus(interval_start).ToJsonMs(interval_iterations)},
-             {"final", final_report}});
+             {"final", final_report}}));
       }
       progress.Update(iterations, absl::StrFormat("loss %.4f  %.0f samples/s  hit %.1f%%",
                                                   last_loss, samples_per_s, 100 * hit_rate));

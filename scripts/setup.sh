@@ -8,7 +8,7 @@ packages=(
   cmake ninja-build g++ pkg-config procps
   libtbb-dev libabsl-dev libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev nlohmann-json3-dev libopenblas-dev libssl-dev libxxhash-dev
+  libcli11-dev nlohmann-json3-dev libopenblas-dev libssl-dev libxxhash-dev libisal-dev
 )
 # The end-to-end tests and bench scripts read JSON with python3 (any python3 will do).
 command -v python3 >/dev/null 2>&1 || packages+=(python3)

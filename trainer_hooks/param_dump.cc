@@ -30,7 +30,6 @@ absl::StatusOr<std::unique_ptr<ParamWriter>> ParamWriter::Create(const std::stri
                                                                  nlohmann::json header,
                                                                  int record_floats) {
   auto writer = std::unique_ptr<ParamWriter>(new ParamWriter());
-  writer->dir_ = dir;
   writer->header_ = std::move(header);
   writer->record_floats_ = record_floats;
   if (!dir.empty()) {
@@ -40,33 +39,18 @@ absl::StatusOr<std::unique_ptr<ParamWriter>> ParamWriter::Create(const std::stri
       return absl::InvalidArgumentError(
           absl::StrCat("cannot create parameter directory '", dir, "': ", error.message()));
     }
-    writer->temp_path_ = dir + "/params.bin.partial";
-    writer->file_ = std::fopen(writer->temp_path_.c_str(), "wb");
-    if (writer->file_ == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot write '", writer->temp_path_, "': ", std::strerror(errno)));
-    }
-    std::vector<char> blank(kHeaderBytes, ' ');
-    if (std::fwrite(blank.data(), 1, blank.size(), writer->file_) != blank.size()) {
-      return absl::DataLossError(absl::StrCat("failed writing '", writer->temp_path_, "'"));
-    }
+    ASSIGN_OR_RETURN(writer->file_, AtomicFileWriter::Open(dir + "/params.bin"));
+    const std::vector<char> blank(kHeaderBytes, ' ');
+    RETURN_IF_ERROR(writer->file_->Append(blank.data(), blank.size()));
   }
   return writer;
 }
 
-ParamWriter::~ParamWriter() {
-  if (file_ != nullptr) {
-    std::fclose(file_);
-    std::remove(temp_path_.c_str());
-  }
-}
+ParamWriter::~ParamWriter() = default;
 
 absl::Status ParamWriter::Write(const void* data, size_t bytes) {
   sha_.Update(data, bytes);
-  if (file_ != nullptr && std::fwrite(data, 1, bytes, file_) != bytes) {
-    return absl::DataLossError(
-        absl::StrCat("failed writing '", temp_path_, "': ", std::strerror(errno)));
-  }
+  if (file_ != nullptr) return file_->Append(data, bytes);
   return absl::OkStatus();
 }
 
@@ -98,21 +82,13 @@ absl::StatusOr<std::string> ParamWriter::Finish() {
   if (text.size() + sizeof(kMagic) + sizeof(uint64_t) > kHeaderBytes) {
     return absl::InternalError("parameter header too large");
   }
-  std::fseek(file_, 0, SEEK_SET);
+  std::string head(kMagic, sizeof(kMagic));
   const uint64_t length = text.size();
-  const bool ok = std::fwrite(kMagic, 1, sizeof(kMagic), file_) == sizeof(kMagic) &&
-                  std::fwrite(&length, sizeof(length), 1, file_) == 1 &&
-                  std::fwrite(text.data(), 1, text.size(), file_) == text.size();
-  const bool closed = std::fclose(file_) == 0;
-  file_ = nullptr;
-  if (!ok || !closed) {
-    return absl::DataLossError(absl::StrCat("failed finishing '", temp_path_, "'"));
-  }
-  const std::string final_path = dir_ + "/params.bin";
-  if (std::rename(temp_path_.c_str(), final_path.c_str()) != 0) {
-    return absl::DataLossError(absl::StrCat("cannot rename '", temp_path_, "' to '", final_path,
-                                            "': ", std::strerror(errno)));
-  }
+  head.append(reinterpret_cast<const char*>(&length), sizeof(length));
+  head += text;
+  RETURN_IF_ERROR(file_->OverwriteAt(0, head.data(), head.size()));
+  RETURN_IF_ERROR(file_->Commit());
+  file_.reset();
   return digest;
 }
 

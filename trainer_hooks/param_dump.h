@@ -18,14 +18,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/atomic_file.h"
 #include "core/sha256.h"
 #include "core/types.h"
 #include "nlohmann/json.hpp"
 
 namespace bagpipe {
 
-// Streams parameters into a fingerprint and, if a directory is given, into DIR/params.bin
-// (written to a temporary file, renamed by Finish). Not thread-safe.
+// Streams parameters into a fingerprint and, if a directory is given, into DIR/params.bin,
+// atomically (core/atomic_file.h): until Finish renames the complete file into place the old
+// params.bin stays, and an interrupted run leaves no partial file. Not thread-safe.
 class ParamWriter {
  public:
   // `dir` empty: fingerprint only. `header` is stored in the file (dim, optimizer, schema...).
@@ -45,9 +47,7 @@ class ParamWriter {
   ParamWriter() = default;
   absl::Status Write(const void* data, size_t bytes);
 
-  std::string dir_;
-  std::string temp_path_;
-  std::FILE* file_ = nullptr;
+  std::unique_ptr<AtomicFileWriter> file_;
   nlohmann::json header_;
   int record_floats_ = 0;
   int64_t dense_count_ = 0;

@@ -149,8 +149,8 @@ TEST(MetricsTest, JsonLinesAreOneObjectPerLine) {
   {
     auto writer = JsonLinesWriter::Open(path);
     ASSERT_TRUE(writer.ok());
-    (*writer)->Write({{"iteration", 1}, {"loss", 0.5}});
-    (*writer)->Write({{"iteration", 2}, {"loss", 0.25}});
+    ASSERT_TRUE((*writer)->Write({{"iteration", 1}, {"loss", 0.5}}).ok());
+    ASSERT_TRUE((*writer)->Write({{"iteration", 2}, {"loss", 0.25}}).ok());
   }
   std::ifstream in(path);
   std::string line;

@@ -1,0 +1,335 @@
+#include "core/atomic_file.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/crc32c.h"
+#include "core/status.h"
+
+namespace bagpipe {
+namespace {
+
+constexpr size_t kBufferBytes = size_t{1} << 20;
+constexpr size_t kHeaderBytes = 16;
+constexpr size_t kTrailerBytes = 16;
+constexpr char kTrailerMagic[4] = {'B', 'P', 'O', 'K'};
+
+absl::Status ErrnoError(const std::string& what, const std::string& path, int error) {
+  const std::string message = absl::StrCat(what, " '", path, "': ", std::strerror(error));
+  if (error == ENOENT) return absl::NotFoundError(message);
+  if (error == ENOSPC || error == EDQUOT || error == EIO) return absl::DataLossError(message);
+  return absl::FailedPreconditionError(message);
+}
+
+// Writes all of data[0, size) to fd (retrying short writes and EINTR).
+int WriteAll(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return EIO;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+std::string TempPrefix(const std::string& name) { return absl::StrCat(".", name, ".tmp-"); }
+
+// Removes hidden temporaries of `name` in `dir` that a killed writer left behind.
+void RemoveStaleTemporaries(const std::string& dir, const std::string& name) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  const std::string prefix = TempPrefix(name);
+  std::vector<std::string> stale;
+  while (const dirent* entry = ::readdir(d)) {
+    if (absl::StartsWith(entry->d_name, prefix)) stale.emplace_back(entry->d_name);
+  }
+  ::closedir(d);
+  for (const std::string& file : stale) ::unlink((dir + "/" + file).c_str());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Open(std::string path) {
+  std::unique_ptr<AtomicFileWriter> w(new AtomicFileWriter());
+  const std::filesystem::path p(path);
+  w->path_ = std::move(path);
+  w->dir_ = p.has_parent_path() ? p.parent_path().string() : ".";
+  const std::string name = p.filename().string();
+  if (name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("'", w->path_, "' names no file"));
+  }
+  w->dir_fd_ = ::open(w->dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (w->dir_fd_ < 0) return ErrnoError("cannot open the directory of", w->path_, errno);
+  RemoveStaleTemporaries(w->dir_, name);
+  w->fd_ = ::openat(w->dir_fd_, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+  if (w->fd_ >= 0) {
+    w->unnamed_ = true;
+  } else {
+    // No O_TMPFILE on this file system (e.g. NFS): a hidden temporary beside the target.
+    static std::atomic<uint64_t> counter{0};
+    w->temp_name_ = absl::StrCat(TempPrefix(name), ::getpid(), "-", counter++);
+    w->fd_ =
+        ::openat(w->dir_fd_, w->temp_name_.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+    if (w->fd_ < 0) return ErrnoError("cannot create a temporary file for", w->path_, errno);
+  }
+  w->buffer_.reserve(kBufferBytes);
+  return w;
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_ && !temp_name_.empty() && dir_fd_ >= 0) {
+    ::unlinkat(dir_fd_, temp_name_.c_str(), 0);
+  }
+  if (dir_fd_ >= 0) ::close(dir_fd_);
+}
+
+absl::Status AtomicFileWriter::Fail(absl::Status status) {
+  if (error_.ok()) error_ = status;
+  return error_;
+}
+
+absl::Status AtomicFileWriter::Flush() {
+  if (buffer_.empty()) return absl::OkStatus();
+  const int error = WriteAll(fd_, buffer_.data(), buffer_.size());
+  buffer_.clear();
+  if (error != 0) return Fail(ErrnoError("failed writing", path_, error));
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFileWriter::Append(const void* data, size_t size) {
+  RETURN_IF_ERROR(error_);
+  if (committed_) return absl::FailedPreconditionError(absl::StrCat(path_, ": already committed"));
+  crc_ = ExtendCrc32c(crc_, data, size);
+  bytes_ += size;
+  const char* bytes = static_cast<const char*>(data);
+  if (buffer_.size() + size <= kBufferBytes) {
+    buffer_.insert(buffer_.end(), bytes, bytes + size);
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(Flush());
+  if (size >= kBufferBytes) {
+    const int error = WriteAll(fd_, bytes, size);
+    if (error != 0) return Fail(ErrnoError("failed writing", path_, error));
+    return absl::OkStatus();
+  }
+  buffer_.insert(buffer_.end(), bytes, bytes + size);
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFileWriter::OverwriteAt(uint64_t offset, const void* data, size_t size) {
+  RETURN_IF_ERROR(error_);
+  if (offset + size > bytes_) {
+    return absl::InternalError(absl::StrCat(path_, ": overwrite past the end"));
+  }
+  RETURN_IF_ERROR(Flush());
+  const char* bytes = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::pwrite(fd_, bytes, size, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Fail(ErrnoError("failed writing", path_, n < 0 ? errno : EIO));
+    bytes += n;
+    size -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFileWriter::Commit() {
+  RETURN_IF_ERROR(error_);
+  if (committed_) return absl::FailedPreconditionError(absl::StrCat(path_, ": already committed"));
+  RETURN_IF_ERROR(Flush());
+  if (::fsync(fd_) != 0) return Fail(ErrnoError("failed to flush to disk", path_, errno));
+  const std::string name = std::filesystem::path(path_).filename().string();
+  if (unnamed_) {
+    // Give the unnamed file a (hidden) name, then rename it over the target: linkat cannot
+    // replace an existing file.
+    static std::atomic<uint64_t> counter{0};
+    temp_name_ = absl::StrCat(TempPrefix(name), ::getpid(), "-l", counter++);
+    int linked = ::linkat(fd_, "", dir_fd_, temp_name_.c_str(), AT_EMPTY_PATH);
+    if (linked != 0) {
+      const std::string proc = absl::StrCat("/proc/self/fd/", fd_);
+      linked = ::linkat(AT_FDCWD, proc.c_str(), dir_fd_, temp_name_.c_str(), AT_SYMLINK_FOLLOW);
+    }
+    if (linked != 0) {
+      const int error = errno;
+      temp_name_.clear();
+      return Fail(ErrnoError("cannot link the new contents of", path_, error));
+    }
+  }
+  if (::close(fd_) != 0) {
+    fd_ = -1;
+    return Fail(ErrnoError("failed closing", path_, errno));
+  }
+  fd_ = -1;
+  if (::renameat(dir_fd_, temp_name_.c_str(), dir_fd_, name.c_str()) != 0) {
+    return Fail(ErrnoError("cannot rename the new contents over", path_, errno));
+  }
+  committed_ = true;
+  if (::fsync(dir_fd_) != 0)
+    return Fail(ErrnoError("failed to flush the directory of", path_, errno));
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, std::string_view contents) {
+  ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> writer, AtomicFileWriter::Open(path));
+  RETURN_IF_ERROR(writer->Append(contents));
+  return writer->Commit();
+}
+
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("cannot open directory", dir, errno);
+  const int result = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  if (result != 0) return ErrnoError("failed to flush directory", dir, error);
+  return absl::OkStatus();
+}
+
+// --- checksummed files ------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<ChecksummedFileWriter>> ChecksummedFileWriter::Open(
+    std::string path, std::string_view magic, uint32_t version) {
+  if (magic.size() != 8) return absl::InternalError("a checksummed file's magic has 8 bytes");
+  ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> file, AtomicFileWriter::Open(std::move(path)));
+  char header[kHeaderBytes] = {};
+  std::memcpy(header, magic.data(), 8);
+  std::memcpy(header + 8, &version, 4);
+  RETURN_IF_ERROR(file->Append(header, sizeof(header)));
+  return std::unique_ptr<ChecksummedFileWriter>(new ChecksummedFileWriter(std::move(file)));
+}
+
+absl::Status ChecksummedFileWriter::Append(const void* data, size_t size) {
+  payload_bytes_ += size;
+  return file_->Append(data, size);
+}
+
+absl::StatusOr<FileDigest> ChecksummedFileWriter::Commit() {
+  char trailer[kTrailerBytes];
+  const uint64_t length = payload_bytes_;
+  const uint32_t crc = file_->digest().crc32c;
+  std::memcpy(trailer, &length, 8);
+  std::memcpy(trailer + 8, &crc, 4);
+  std::memcpy(trailer + 12, kTrailerMagic, 4);
+  RETURN_IF_ERROR(file_->Append(trailer, sizeof(trailer)));
+  RETURN_IF_ERROR(file_->Commit());
+  return file_->digest();
+}
+
+absl::StatusOr<FileDigest> WriteChecksummedFile(const std::string& path, std::string_view magic,
+                                                uint32_t version, std::string_view payload) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ChecksummedFileWriter> writer,
+                   ChecksummedFileWriter::Open(path, magic, version));
+  RETURN_IF_ERROR(writer->Append(payload));
+  return writer->Commit();
+}
+
+absl::StatusOr<ChecksummedFile> ChecksummedFile::Open(const std::string& path,
+                                                      std::string_view magic, uint32_t version,
+                                                      std::string_view what_view) {
+  const std::string what(what_view);
+  ChecksummedFile file;
+  file.path_ = path;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(absl::StrCat("cannot open ", what), path, errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return ErrnoError("cannot stat", path, error);
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (size > 0) {
+    file.map_ = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (file.map_ == MAP_FAILED) {
+      file.map_ = nullptr;
+      const int error = errno;
+      ::close(fd);
+      return ErrnoError("cannot map", path, error);
+    }
+    file.map_bytes_ = size;
+  }
+  ::close(fd);
+  const char* bytes = static_cast<const char*>(file.map_);
+  if (size < kHeaderBytes + kTrailerBytes) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s '%s' is truncated: %d bytes, fewer than its header and trailer", what, path, size));
+  }
+  uint64_t length = 0;
+  uint32_t stored_crc = 0;
+  const char* trailer = bytes + size - kTrailerBytes;
+  std::memcpy(&length, trailer, 8);
+  std::memcpy(&stored_crc, trailer + 8, 4);
+  if (std::memcmp(trailer + 12, kTrailerMagic, 4) != 0 ||
+      length != size - kHeaderBytes - kTrailerBytes) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s '%s' is truncated or damaged: %d bytes, and its trailer is missing or does not "
+        "match its length",
+        what, path, size));
+  }
+  const uint32_t crc = Crc32c(bytes, size - kTrailerBytes);
+  if (crc != stored_crc) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s '%s' is corrupt: the CRC32C of its contents is %08x, its trailer says %08x", what, path,
+        crc, stored_crc));
+  }
+  if (std::memcmp(bytes, magic.data(), 8) != 0) {
+    return absl::DataLossError(absl::StrFormat("'%s' is not a %s (it starts with '%s')", path, what,
+                                               absl::CHexEscape(std::string(bytes, 8))));
+  }
+  uint32_t file_version = 0;
+  std::memcpy(&file_version, bytes + 8, 4);
+  if (file_version != version) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s '%s' has format version %d; this build reads version %d", what, path,
+                        file_version, version));
+  }
+  file.payload_ = std::string_view(bytes + kHeaderBytes, length);
+  file.digest_ = {size, ExtendCrc32c(crc, trailer, kTrailerBytes)};
+  return file;
+}
+
+ChecksummedFile::ChecksummedFile(ChecksummedFile&& other) noexcept { *this = std::move(other); }
+
+ChecksummedFile& ChecksummedFile::operator=(ChecksummedFile&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    path_ = std::move(other.path_);
+    map_ = other.map_;
+    map_bytes_ = other.map_bytes_;
+    payload_ = other.payload_;
+    digest_ = other.digest_;
+    other.map_ = nullptr;
+    other.map_bytes_ = 0;
+    other.payload_ = {};
+  }
+  return *this;
+}
+
+ChecksummedFile::~ChecksummedFile() { Reset(); }
+
+void ChecksummedFile::Reset() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  map_ = nullptr;
+  map_bytes_ = 0;
+  payload_ = {};
+}
+
+}  // namespace bagpipe

@@ -1,0 +1,256 @@
+// Specifications of core/crc32c.h, core/atomic_file.h and the crash-safe metrics file: a file is
+// never seen half-written, a failed write is an error, and one damaged byte anywhere in a
+// checksummed file is detected.
+#include "core/atomic_file.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "core/crc32c.h"
+#include "core/metrics.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace bagpipe {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = ::testing::TempDir() + "/atomic_file_test_" + std::to_string(::getpid()) + "_" +
+            std::to_string(counter_++);
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+  std::vector<std::string> Entries() const {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(path_))
+      names.push_back(entry.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+ private:
+  static inline int counter_ = 0;
+  std::string path_;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+void WriteRaw(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+TEST(Crc32cTest, StandardCheckValueAndExtension) {
+  EXPECT_EQ(Crc32c("123456789"), 0xE3069283u);
+  EXPECT_EQ(Crc32c(""), 0u);
+  const std::string text = "checkpoints that survive a kill";
+  for (size_t split = 0; split <= text.size(); ++split) {
+    EXPECT_EQ(ExtendCrc32c(Crc32c(text.data(), split), text.data() + split, text.size() - split),
+              Crc32c(text));
+  }
+}
+
+TEST(AtomicFileTest, TargetKeepsOldContentsUntilCommit) {
+  TempDir dir;
+  const std::string path = dir / "summary.json";
+  WriteRaw(path, "old");
+  {
+    auto writer = AtomicFileWriter::Open(path);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE((*writer)->Append(std::string(3 << 20, 'x')).ok());
+    EXPECT_EQ(ReadAll(path), "old");
+    // Destroyed without Commit (an error, or the process stopping): nothing changes.
+  }
+  EXPECT_EQ(ReadAll(path), "old");
+  EXPECT_EQ(dir.Entries(), std::vector<std::string>{"summary.json"});
+  auto writer = AtomicFileWriter::Open(path);
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Append("new contents").ok());
+  EXPECT_EQ(ReadAll(path), "old");
+  ASSERT_TRUE((*writer)->Commit().ok());
+  EXPECT_EQ(ReadAll(path), "new contents");
+  EXPECT_EQ((*writer)->digest(), (FileDigest{12, Crc32c("new contents")}));
+  EXPECT_EQ(dir.Entries(), std::vector<std::string>{"summary.json"});
+}
+
+TEST(AtomicFileTest, RemovesTemporariesAKilledWriterLeft) {
+  TempDir dir;
+  WriteRaw(dir / ".params.bin.tmp-12345-0", "half");
+  ASSERT_TRUE(WriteFileAtomically(dir / "params.bin", "whole").ok());
+  EXPECT_EQ(dir.Entries(), std::vector<std::string>{"params.bin"});
+  EXPECT_EQ(ReadAll(dir / "params.bin"), "whole");
+}
+
+TEST(AtomicFileTest, MissingDirectoryIsAnError) {
+  TempDir dir;
+  const absl::Status status = WriteFileAtomically(dir / "no/such/dir/file", "x");
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(std::string(status.message()), HasSubstr("no/such/dir/file"));
+}
+
+// Makes writes beyond `bytes` fail (EFBIG) while alive, as a full disk would.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    old_handler_ = ::signal(SIGXFSZ, SIG_IGN);
+    ::getrlimit(RLIMIT_FSIZE, &old_);
+    rlimit limit = old_;
+    limit.rlim_cur = bytes;
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &old_);
+    ::signal(SIGXFSZ, old_handler_);
+  }
+
+ private:
+  rlimit old_;
+  sighandler_t old_handler_;
+};
+
+TEST(AtomicFileTest, AFailedWriteIsAnErrorAndLeavesTheOldFile) {
+  TempDir dir;
+  const std::string path = dir / "params.bin";
+  WriteRaw(path, "old");
+  absl::Status status;
+  {
+    FileSizeLimit limit(1 << 20);
+    auto writer = AtomicFileWriter::Open(path);
+    ASSERT_TRUE(writer.ok());
+    for (int k = 0; k < 8 && status.ok(); ++k)
+      status = (*writer)->Append(std::string(1 << 19, 'x'));
+    if (status.ok()) status = (*writer)->Commit();
+  }
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(std::string(status.message()), HasSubstr(path));
+  EXPECT_EQ(ReadAll(path), "old");
+  EXPECT_EQ(dir.Entries(), std::vector<std::string>{"params.bin"});
+}
+
+TEST(ChecksummedFileTest, RoundTrip) {
+  TempDir dir;
+  const std::string path = dir / "f";
+  auto digest = WriteChecksummedFile(path, "BPTESTFL", 3, "payload bytes");
+  ASSERT_TRUE(digest.ok()) << digest.status();
+  EXPECT_EQ(digest->bytes, 16 + 13 + 16u);
+  EXPECT_EQ(digest->crc32c, Crc32c(ReadAll(path)));
+  auto file = ChecksummedFile::Open(path, "BPTESTFL", 3, "test file");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->payload(), "payload bytes");
+  EXPECT_EQ(file->digest(), *digest);
+}
+
+TEST(ChecksummedFileTest, EveryDamagedByteAndEveryTruncationIsDetected) {
+  TempDir dir;
+  const std::string path = dir / "f";
+  ASSERT_TRUE(WriteChecksummedFile(path, "BPTESTFL", 1, std::string(100, 'p')).ok());
+  const std::string good = ReadAll(path);
+  for (size_t k = 0; k < good.size(); ++k) {
+    for (const char flip : {'\x01', '\x80'}) {
+      std::string bad = good;
+      bad[k] ^= flip;
+      WriteRaw(path, bad);
+      auto file = ChecksummedFile::Open(path, "BPTESTFL", 1, "test file");
+      ASSERT_FALSE(file.ok()) << "byte " << k << " changed and went unnoticed";
+      EXPECT_EQ(file.status().code(), absl::StatusCode::kDataLoss) << file.status();
+    }
+  }
+  for (size_t size = 0; size < good.size(); ++size) {
+    WriteRaw(path, good.substr(0, size));
+    auto file = ChecksummedFile::Open(path, "BPTESTFL", 1, "test file");
+    ASSERT_FALSE(file.ok());
+    EXPECT_THAT(std::string(file.status().message()), HasSubstr("truncated")) << size;
+  }
+}
+
+TEST(ChecksummedFileTest, OtherKindOrVersionIsRefusedByName) {
+  TempDir dir;
+  const std::string path = dir / "f";
+  ASSERT_TRUE(WriteChecksummedFile(path, "BPTESTFL", 2, "x").ok());
+  auto version = ChecksummedFile::Open(path, "BPTESTFL", 1, "test file");
+  EXPECT_EQ(version.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(version.status().message()),
+              HasSubstr("has format version 2; this build reads version 1"));
+  auto kind = ChecksummedFile::Open(path, "BPOTHERK", 2, "other file");
+  EXPECT_THAT(std::string(kind.status().message()), HasSubstr("is not a other file"));
+  auto missing = ChecksummedFile::Open(dir / "missing", "BPTESTFL", 2, "test file");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(MetricsFileTest, ResumeKeepsCompleteLinesUpToTheIteration) {
+  TempDir dir;
+  const std::string path = dir / "metrics.jsonl";
+  WriteRaw(path,
+           "{\"iteration\":10,\"loss\":1}\n{\"kind\":\"note\"}\n{\"iteration\":20,\"loss\":2}\n"
+           "{\"iteration\":30,\"loss\":3}\n{\"iteration\":40,\"lo");
+  auto writer = JsonLinesWriter::Open(path);
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Start(20).ok());
+  ASSERT_TRUE((*writer)->Write({{"iteration", 25}}).ok());
+  EXPECT_EQ(ReadAll(path),
+            "{\"iteration\":10,\"loss\":1}\n{\"kind\":\"note\"}\n{\"iteration\":20,\"loss\":2}\n"
+            "{\"iteration\":25}\n");
+}
+
+TEST(MetricsFileTest, OpenDoesNotTouchTheFileAndStartReplacesIt) {
+  TempDir dir;
+  const std::string path = dir / "metrics.jsonl";
+  WriteRaw(path, "{\"iteration\":1}\n");
+  auto writer = JsonLinesWriter::Open(path);
+  ASSERT_TRUE(writer.ok());
+  EXPECT_EQ(ReadAll(path), "{\"iteration\":1}\n");
+  ASSERT_TRUE((*writer)->Write({{"iteration", 7}}).ok());
+  EXPECT_EQ(ReadAll(path), "{\"iteration\":7}\n");
+}
+
+TEST(MetricsFileTest, AFailedLineIsAnErrorAndCutBack) {
+  TempDir dir;
+  const std::string path = dir / "metrics.jsonl";
+  auto writer = JsonLinesWriter::Open(path);
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Write({{"iteration", 1}}).ok());
+  const std::string before = ReadAll(path);
+  absl::Status status;
+  {
+    FileSizeLimit limit(before.size() + 10);  // the next line does not fit
+    status = (*writer)->Write({{"iteration", 2}, {"padding", std::string(100, 'x')}});
+  }
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(std::string(status.message()), HasSubstr("complete lines"));
+  EXPECT_EQ(ReadAll(path), before);
+  ASSERT_TRUE((*writer)->Write({{"iteration", 3}}).ok());
+  EXPECT_EQ(ReadAll(path), before + "{\"iteration\":3}\n");
+}
+
+TEST(MetricsFileTest, SummaryIsReplacedWhole) {
+  TempDir dir;
+  const std::string path = dir / "summary.json";
+  ASSERT_TRUE(WriteJsonFile(path, {{"a", 1}}).ok());
+  ASSERT_TRUE(WriteJsonFile(path, {{"a", 2}}).ok());
+  auto value = ReadJsonFile(path);
+  ASSERT_TRUE(value.ok());
+  EXPECT_EQ((*value)["a"], 2);
+  EXPECT_EQ(dir.Entries(), std::vector<std::string>{"summary.json"});
+}
+
+}  // namespace
+}  // namespace bagpipe
