@@ -7,6 +7,7 @@
 #include "apps/command.h"
 #include "core/device.h"
 #include "core/logging.h"
+#include "core/signals.h"
 
 namespace {
 
@@ -47,6 +48,12 @@ int main(int argc, char** argv) {
   for (const bagpipe::Subcommand& command : commands) {
     if (!command.app->parsed()) continue;
     const absl::Status status = command.run();
+    if (absl::IsCancelled(status)) {
+      // A job stopped on request (SIGINT/SIGTERM) that can be resumed: one line says how.
+      std::fprintf(stderr, "bagpipe %s: %s\n", command.app->get_name().c_str(),
+                   std::string(status.message()).c_str());
+      return bagpipe::kStoppedExitStatus;
+    }
     if (!status.ok()) {
       std::fprintf(stderr, "bagpipe %s: error: %s\n", command.app->get_name().c_str(),
                    std::string(status.message()).c_str());

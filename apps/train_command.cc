@@ -2,6 +2,8 @@
 // with a chosen cache mode, embedded (every role a thread of this process) or as one rank of an
 // mpirun job. Writes interval metrics (JSON lines), a summary with the parameter fingerprint,
 // and optionally every parameter.
+#include <signal.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,10 +15,12 @@
 #include "apps/command.h"
 #include "core/logging.h"
 #include "core/metrics.h"
+#include "core/signals.h"
 #include "core/status.h"
 #include "model/dlrm_loop.h"
 #include "model/eval_metrics.h"
 #include "sync/mpi_transport.h"
+#include "trainer_hooks/checkpoint.h"
 #include "trainer_hooks/job.h"
 #include "trainer_hooks/param_dump.h"
 
@@ -57,6 +61,10 @@ struct TrainFlags {
   int plan_queue_depth = 8;
   int writeback_horizon = 0;
   double peer_timeout_s = 120;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int keep_checkpoints = 2;
+  std::string resume;
 };
 
 constexpr char kTrainFooter[] =
@@ -76,6 +84,69 @@ int64_t DefaultCacheRows(const Schema& schema, int64_t batch_size, int trainers)
 
 std::string JoinPath(const std::string& dir, const std::string& name) {
   return (std::filesystem::path(dir) / name).string();
+}
+
+// Checkpoints (trainer_hooks/checkpoint.h): --resume alone goes on writing to the directory it
+// resumes from, every as many iterations as the checkpoint's job did. The identity holds the
+// options the job does not know itself; the job adds its own.
+absl::Status SetCheckpointOptions(const TrainFlags& flags, const DlrmLoopOptions& loop,
+                                  OptimizerKind dense_kind, CheckpointOptions* checkpoint) {
+  if (flags.checkpoint_every < 0 || flags.keep_checkpoints < 0) {
+    return absl::InvalidArgumentError("--checkpoint-every and --keep-checkpoints must be >= 0");
+  }
+  if (flags.checkpoint_every > 0 && flags.checkpoint_dir.empty() && flags.resume.empty()) {
+    return absl::InvalidArgumentError("--checkpoint-every needs --checkpoint-dir");
+  }
+  checkpoint->dir = flags.checkpoint_dir;
+  checkpoint->every = flags.checkpoint_every;
+  checkpoint->keep = flags.keep_checkpoints;
+  checkpoint->resume = flags.resume;
+  if (!flags.resume.empty() && checkpoint->dir.empty()) {
+    namespace fs = std::filesystem;
+    std::error_code error;
+    const bool is_checkpoint = fs::exists(fs::path(flags.resume) / kManifestName, error);
+    checkpoint->dir = is_checkpoint ? fs::path(flags.resume).parent_path().string() : flags.resume;
+    if (checkpoint->dir.empty()) checkpoint->dir = ".";
+    if (checkpoint->every == 0) {
+      // Unreadable here: the job reports why when it resumes.
+      auto path = ResolveCheckpoint(flags.resume);
+      if (path.ok()) {
+        auto manifest = ReadManifest(*path);
+        if (manifest.ok()) checkpoint->every = manifest->every;
+      }
+    }
+  }
+  const OptimizerConfig& dense = loop.model.optimizer;
+  checkpoint->identity = {
+      {"--batch-size", flags.batch_size},
+      {"--model", flags.model},
+      {"--eval-fraction", flags.eval_fraction},
+      {"dense optimizer",
+       {{"kind", std::string(OptimizerName(dense_kind))}, {"lr", dense.learning_rate}}},
+  };
+  if (loop.head == DenseHeadKind::kDlrm) {
+    checkpoint->identity["--bottom"] = FormatLayers(loop.model.bottom);
+    checkpoint->identity["--top"] = FormatLayers(loop.model.top);
+  }
+  return absl::OkStatus();
+}
+
+// The one line a stopped job ends with: where it stopped and how to go on.
+absl::Status StoppedStatus(const OracleRoleStats& oracle, const CheckpointOptions& checkpoint) {
+  const char* signal = oracle.stop_signal == SIGINT    ? "SIGINT"
+                       : oracle.stop_signal == SIGTERM ? "SIGTERM"
+                       : oracle.stop_signal == SIGUSR1 ? "SIGUSR1"
+                                                       : "a stop request";
+  const CheckpointStats& saved = oracle.checkpoint;
+  if (saved.last.empty() && saved.resumed_from.empty()) {
+    return absl::CancelledError(absl::StrFormat(
+        "stopped by %s at iteration %d; nothing saved (%s)", signal, oracle.stopped_at,
+        checkpoint.dir.empty() ? "no --checkpoint-dir" : "no iteration ran"));
+  }
+  return absl::CancelledError(absl::StrFormat(
+      "stopped by %s at iteration %d; resume with --resume %s (checkpoint %s)", signal,
+      oracle.stopped_at, checkpoint.dir.empty() ? saved.resumed_from : checkpoint.dir,
+      saved.last.empty() ? saved.resumed_from : saved.last));
 }
 
 absl::Status RunTrain(TrainFlags flags) {
@@ -122,6 +193,8 @@ absl::Status RunTrain(TrainFlags flags) {
     }
     RETURN_IF_ERROR(layout.Validate(mpi->size()));
   }
+  // SIGINT/SIGTERM/SIGUSR1 stop the job at an iteration boundary (after MPI's own handlers).
+  InstallStopHandlers();
   const bool is_rank0 = mpi == nullptr || mpi->rank() == 0;
   const bool is_trainer0 = mpi == nullptr || mpi->rank() == layout.trainer_rank(0);
 
@@ -218,6 +291,9 @@ absl::Status RunTrain(TrainFlags flags) {
   options.oracle.plan_queue_depth = flags.plan_queue_depth;
   options.oracle.peer_timeout = options.peer_timeout;
 
+  options.stop_requested = [] { return StopSignal(); };
+  RETURN_IF_ERROR(SetCheckpointOptions(flags, loop, dense_kind, &options.checkpoint));
+
   const std::string describe = train->source().Describe();
   if (is_rank0) {
     BAGPIPE_LOG(INFO) << absl::StrFormat(
@@ -263,6 +339,7 @@ absl::Status RunTrain(TrainFlags flags) {
         RunEmbeddedJob(options, std::move(train), std::move(eval), train_loop, sink, &result));
   }
   if (!is_rank0) return absl::OkStatus();
+  if (result.oracle.stopped_at >= 0) return StoppedStatus(result.oracle, options.checkpoint);
   ASSIGN_OR_RETURN(const std::string sha, writer->Finish());
 
   // Summary.
@@ -339,6 +416,8 @@ absl::Status RunTrain(TrainFlags flags) {
       {"oracle", result.oracle.ToJson()},
       {"parameter_rows", result.parameter_rows},
       {"params_sha256", sha},
+      {"first_iteration", result.oracle.checkpoint.first_iteration},
+      {"checkpoint", result.oracle.checkpoint.ToJson()},
   };
   // Per rank: every trainer's own counters and phase times, and every server's.
   nlohmann::json per_trainer = nlohmann::json::array();
@@ -473,6 +552,18 @@ Subcommand AddTrainCommand(CLI::App& root) {
   app->add_option("--peer-timeout", flags->peer_timeout_s,
                   "seconds without a message before a peer counts as dead")
       ->capture_default_str();
+  app->add_option("--checkpoint-dir", flags->checkpoint_dir,
+                  "write checkpoints (DIR/ckpt-ITERATION) here: every --checkpoint-every "
+                  "iterations, at the end, and on SIGINT/SIGTERM/SIGUSR1");
+  app->add_option("--checkpoint-every", flags->checkpoint_every,
+                  "iterations between checkpoints (0: only at the end and on a stop)")
+      ->capture_default_str();
+  app->add_option("--keep-checkpoints", flags->keep_checkpoints,
+                  "complete checkpoints kept, the newest (0: all)")
+      ->capture_default_str();
+  app->add_option("--resume", flags->resume,
+                  "resume from DIR (its latest complete checkpoint) or DIR/ckpt-K; implies "
+                  "--checkpoint-dir DIR and the checkpoint's --checkpoint-every unless given");
   app->footer(std::string(kTrainFooter) + "\n" + kDataHelp);
   return {app, [flags]() { return RunTrain(*flags); }};
 }

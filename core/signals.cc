@@ -25,6 +25,7 @@ void InstallStopHandlers() {
   action.sa_flags = SA_RESTART;
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGUSR1, &action, nullptr);
 }
 
 int StopSignal() { return stop_signal.load(); }

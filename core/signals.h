@@ -1,7 +1,12 @@
-// Graceful stop on SIGINT and SIGTERM (Ctrl-C, a scheduler's preemption, Open MPI's mpirun
-// forwarding SIGTERM to its ranks): the first signal only records itself — the job polls
-// StopSignal() at iteration boundaries and stops cleanly (trainer_hooks/checkpoint.h) — and a
-// second one ends the process at once with status 128 + the signal's number.
+// Graceful stop on SIGINT, SIGTERM and SIGUSR1 (Ctrl-C, a scheduler's preemption or time-limit
+// warning, a signal mpirun forwards to its ranks): the first signal only records itself — the
+// job polls StopSignal() at iteration boundaries and stops cleanly (trainer_hooks/checkpoint.h)
+// — and a second one ends the process at once with status 128 + the signal's number.
+//
+// Under mpirun: Open MPI 4 forwards SIGUSR1 to every rank and lets the job end by itself, so
+// `kill -USR1 <mpirun>` stops an mpirun job cleanly. A SIGTERM to mpirun reaches the ranks
+// too, but mpirun then kills them odls_base_sigkill_timeout seconds later (default 1; raise it
+// with `mpirun --mca odls_base_sigkill_timeout 60`).
 //
 // Thread-safety: the handlers are async-signal-safe (one lock-free atomic, _exit); StopSignal
 // may be called from any thread.
@@ -10,9 +15,9 @@
 
 namespace bagpipe {
 
-// Installs the SIGINT and SIGTERM handlers (idempotent).
+// Installs the SIGINT, SIGTERM and SIGUSR1 handlers (idempotent).
 void InstallStopHandlers();
-// 0 until the first SIGINT or SIGTERM arrived; then its number.
+// 0 until the first of those signals arrived; then its number.
 int StopSignal();
 // Forgets a recorded signal (tests).
 void ResetStopSignal();

@@ -516,4 +516,26 @@ absl::Status DenseModel::WriteParameters(const std::vector<float>& parameters) {
   return context_->Synchronize();
 }
 
+absl::Status DenseModel::ReadOptimizerState(std::vector<float>* state) const {
+  RETURN_IF_ERROR(context_->MakeCurrent());
+  state->resize(optimizer_state_.size());
+  if (state->empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(
+      context_->CopyToHost(state->data(), optimizer_state_.data(), optimizer_state_.bytes()));
+  return context_->Synchronize();
+}
+
+absl::Status DenseModel::WriteOptimizerState(const std::vector<float>& state) {
+  if (state.size() != optimizer_state_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("WriteOptimizerState: got ", state.size(),
+                                                   " values, the model has ",
+                                                   optimizer_state_.size()));
+  }
+  if (state.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(context_->MakeCurrent());
+  RETURN_IF_ERROR(
+      context_->CopyToDevice(optimizer_state_.data(), state.data(), optimizer_state_.bytes()));
+  return context_->Synchronize();
+}
+
 }  // namespace bagpipe

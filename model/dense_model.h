@@ -119,6 +119,10 @@ class DenseModel {
   absl::Status ReadParameters(std::vector<float>* parameters) const;
   // REQUIRES: parameters.size() == num_parameters(). Optimizer state is left as is.
   absl::Status WriteParameters(const std::vector<float>& parameters);
+  // Host copies of the optimizer state (Adagrad: one accumulator per parameter; SGD: none), for
+  // checkpoints. Write REQUIRES the size Read gives.
+  absl::Status ReadOptimizerState(std::vector<float>* state) const;
+  absl::Status WriteOptimizerState(const std::vector<float>& state);
 
   const DenseModelConfig& config() const { return config_; }
   const std::shared_ptr<DeviceContext>& context() const { return context_; }

@@ -1,6 +1,8 @@
 #include "model/dlrm_loop.h"
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -56,6 +58,58 @@ struct PhaseTimes {
   }
 };
 
+// The loop's checkpoint state: a JSON header, then the dense parameters and the dense optimizer
+// state as raw floats.
+template <typename Head>
+LoopState MakeLoopState(Head* model, int64_t* global_samples) {
+  LoopState state;
+  state.save = [model, global_samples]() -> absl::StatusOr<std::string> {
+    std::vector<float> parameters, optimizer;
+    RETURN_IF_ERROR(model->ReadParameters(&parameters));
+    RETURN_IF_ERROR(model->ReadOptimizerState(&optimizer));
+    const std::string header = nlohmann::json{
+        {"parameters", parameters.size()},
+        {"optimizer_state", optimizer.size()},
+        {"global_samples",
+         *global_samples}}.dump();
+    std::string out = header + '\n';
+    out.append(reinterpret_cast<const char*>(parameters.data()), parameters.size() * 4);
+    out.append(reinterpret_cast<const char*>(optimizer.data()), optimizer.size() * 4);
+    return out;
+  };
+  state.restore = [model, global_samples](std::string_view bytes) -> absl::Status {
+    const size_t newline = bytes.find('\n');
+    const nlohmann::json header =
+        newline == std::string_view::npos
+            ? nlohmann::json()
+            : nlohmann::json::parse(bytes.substr(0, newline), nullptr, false);
+    if (header.is_discarded() || !header.is_object()) {
+      return absl::DataLossError("the checkpoint's loop state has no valid header");
+    }
+    std::vector<float> parameters(header.value("parameters", size_t{0}));
+    std::vector<float> optimizer(header.value("optimizer_state", size_t{0}));
+    std::vector<float> current;
+    RETURN_IF_ERROR(model->ReadParameters(&current));
+    if (parameters.size() != current.size()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the checkpoint's dense model has %d parameters, this one %d (another --model, "
+          "--bottom or --top?)",
+          parameters.size(), current.size()));
+    }
+    const std::string_view body = bytes.substr(newline + 1);
+    if (body.size() != (parameters.size() + optimizer.size()) * 4) {
+      return absl::DataLossError("the checkpoint's loop state has the wrong size");
+    }
+    std::memcpy(parameters.data(), body.data(), parameters.size() * 4);
+    std::memcpy(optimizer.data(), body.data() + parameters.size() * 4, optimizer.size() * 4);
+    RETURN_IF_ERROR(model->WriteParameters(parameters));
+    RETURN_IF_ERROR(model->WriteOptimizerState(optimizer));
+    *global_samples = header.value("global_samples", int64_t{0});
+    return absl::OkStatus();
+  };
+  return state;
+}
+
 // The loop for any dense head with DenseModel's calling contract (DenseModel, LogRegHead).
 template <typename Head>
 absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& options,
@@ -77,7 +131,15 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
   double interval_loss = 0;
   int64_t interval_samples = 0, iterations = 0, samples = 0, interval_iterations = 0;
   double last_loss = 0;
-  int64_t global_samples = 0;  // all trainers', as of the last report
+  int64_t global_samples = 0;  // all trainers', through the last iteration (the same everywhere)
+
+  // Checkpoints hold the dense replica (the same on every trainer) and the job-wide counters.
+  RETURN_IF_ERROR(trainer.SetLoopState(MakeLoopState(model, &global_samples)));
+  ASSIGN_OR_RETURN(const Iteration first_iteration, trainer.FirstIteration());
+  if (leader && options.metrics != nullptr) {
+    // A resumed job keeps the metrics of the iterations before its checkpoint.
+    RETURN_IF_ERROR(options.metrics->Start(first_iteration > 0 ? first_iteration : -1));
+  }
 
   auto report = [&](bool final_report) -> absl::Status {
     const TrainerStats stats = trainer.stats();
@@ -89,14 +151,13 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
     const PhaseTimes now =
         PhaseTimes::FromStats(stats, forward_backward_seconds, optimizer_seconds);
     last_loss = sums[1] > 0 ? sums[0] / sums[1] : 0;
-    global_samples += static_cast<int64_t>(sums[1]);
     if (leader) {
       const double samples_per_s = seconds > 0 ? sums[1] / seconds : 0;
       const double hit_rate = sums[2] > 0 ? sums[3] / sums[2] : 0;
       if (options.metrics != nullptr) {
         RETURN_IF_ERROR(options.metrics->Write(
             {{"kind", "train"},
-             {"iteration", iterations},
+             {"iteration", first_iteration + iterations},
              {"samples", global_samples},
              {"loss", last_loss},
              {"samples_per_s", samples_per_s},
@@ -105,8 +166,9 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
              {"time_ms", now.Minus(interval_start).ToJsonMs(interval_iterations)},
              {"final", final_report}}));
       }
-      progress.Update(iterations, absl::StrFormat("loss %.4f  %.0f samples/s  hit %.1f%%",
-                                                  last_loss, samples_per_s, 100 * hit_rate));
+      progress.Update(first_iteration + iterations,
+                      absl::StrFormat("loss %.4f  %.0f samples/s  hit %.1f%%", last_loss,
+                                      samples_per_s, 100 * hit_rate));
     }
     interval_start = now;
     stats_start = stats;
@@ -142,9 +204,11 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
     interval_loss += loss;
     interval_samples += batch.num_samples;
     samples += batch.num_samples;
+    global_samples += batch.global_batch_size;
     ++iterations;
     ++interval_iterations;
-    if (options.metrics_interval > 0 && iterations % options.metrics_interval == 0) {
+    if (options.metrics_interval > 0 &&
+        (first_iteration + iterations) % options.metrics_interval == 0) {
       RETURN_IF_ERROR(report(false));
     }
   }

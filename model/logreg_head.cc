@@ -95,4 +95,36 @@ absl::Status LogRegHead::ReadParameters(std::vector<float>* parameters) const {
   return absl::OkStatus();
 }
 
+absl::Status LogRegHead::WriteParameters(const std::vector<float>& parameters) {
+  if (parameters.size() != parameters_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "logreg: got ", parameters.size(), " parameters, the model has ", parameters_.size()));
+  }
+  parameters_ = parameters;
+  return absl::OkStatus();
+}
+
+absl::Status LogRegHead::ReadOptimizerState(std::vector<float>* state) const {
+  // SGD keeps no state (the accumulators stay at their initial value).
+  if (optimizer_.kind == OptimizerKind::kSgd) {
+    state->clear();
+  } else {
+    *state = accumulators_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LogRegHead::WriteOptimizerState(const std::vector<float>& state) {
+  if (optimizer_.kind == OptimizerKind::kSgd) {
+    if (!state.empty()) return absl::InvalidArgumentError("logreg: SGD keeps no optimizer state");
+    return absl::OkStatus();
+  }
+  if (state.size() != accumulators_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "logreg: got ", state.size(), " accumulators, the model has ", accumulators_.size()));
+  }
+  accumulators_ = state;
+  return absl::OkStatus();
+}
+
 }  // namespace bagpipe

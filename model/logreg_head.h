@@ -39,6 +39,10 @@ class LogRegHead {
   size_t num_parameters() const { return parameters_.size(); }
   absl::Status Step(float lr);
   absl::Status ReadParameters(std::vector<float>* parameters) const;
+  // As DenseModel's (checkpoints).
+  absl::Status WriteParameters(const std::vector<float>& parameters);
+  absl::Status ReadOptimizerState(std::vector<float>* state) const;
+  absl::Status WriteOptimizerState(const std::vector<float>& state);
 
  private:
   LogRegHead(int width, OptimizerConfig optimizer) : width_(width), optimizer_(optimizer) {}

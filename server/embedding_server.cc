@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <queue>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "core/tunables.h"
+#include "server/shard_file.h"
 
 namespace bagpipe {
 
@@ -42,6 +45,17 @@ absl::Status EmbeddingServer::HandleWriteBack(int trainer, const WriteBack& writ
   ++stats_.write_back_messages;
   stats_.rows_written_back += static_cast<int64_t>(write_back.rows.size());
   return absl::OkStatus();
+}
+
+bool EmbeddingServer::WatermarksReach(Iteration iteration) const {
+  for (Iteration watermark : watermarks_) {
+    if (watermark < iteration) return false;
+  }
+  return true;
+}
+
+void EmbeddingServer::ResumeAt(Iteration iteration) {
+  for (Iteration& watermark : watermarks_) watermark = iteration - 1;
 }
 
 void EmbeddingServer::HandleFetch(int trainer, FetchRequest request) {
@@ -132,6 +146,14 @@ absl::Status RunServer(Transport& transport, const JobLayout& layout, int server
   int done = 0;
   std::vector<int> collect_from;  // ranks that asked for the rows, answered once all are done
   bool stop = false;
+  // A checkpoint to write once every trainer's write-backs up to its iteration are in.
+  std::optional<ShardRequest> checkpoint;
+  // While a checkpoint or a resume is under way (until the next fetch or control message), the
+  // other ranks may be busy writing, reading or skipping data for long: wait longer for them.
+  bool checkpoint_phase = false;
+  bool stop_forwarded = false;
+  const absl::Duration checkpoint_timeout = absl::Milliseconds(CheckpointTimeoutMs());
+  const ShardIdentity shard{server_index, layout.servers, 0};
   auto fail = [&](absl::Status status) {
     status = Annotate(status, me);
     transport.Abort(status);
@@ -145,13 +167,14 @@ absl::Status RunServer(Transport& transport, const JobLayout& layout, int server
     return absl::OkStatus();
   };
   while (!stop) {
-    absl::StatusOr<Message> message = transport.Receive(kAnySource, kAnyTag, options.peer_timeout);
+    const absl::Duration timeout = checkpoint_phase ? checkpoint_timeout : options.peer_timeout;
+    absl::StatusOr<Message> message = transport.Receive(kAnySource, kAnyTag, timeout);
     if (!message.ok()) {
       if (absl::IsDeadlineExceeded(message.status())) {
         return fail(absl::DeadlineExceededError(absl::StrFormat(
             "no message from any rank for %s (%d of %d trainers done, %d fetches waiting); a "
             "peer died or hung",
-            absl::FormatDuration(options.peer_timeout), done, layout.trainers, server.waiting())));
+            absl::FormatDuration(timeout), done, layout.trainers, server.waiting())));
       }
       return message.status();  // aborted elsewhere
     }
@@ -169,6 +192,7 @@ absl::Status RunServer(Transport& transport, const JobLayout& layout, int server
       }
       case kTagFetchRequest: {
         if (!from_trainer) return fail(absl::DataLossError("fetch from a non-trainer"));
+        checkpoint_phase = false;
         auto request = DecodeFetchRequest(message->payload);
         if (!request.ok()) return fail(request.status());
         server.HandleFetch(layout.IndexOf(source), std::move(*request));
@@ -181,6 +205,32 @@ absl::Status RunServer(Transport& transport, const JobLayout& layout, int server
         if (absl::Status s = DecodeControl(message->payload, &kind, &body); !s.ok()) {
           return fail(s);
         }
+        if (kind == ControlKind::kCheckpoint || kind == ControlKind::kRestore) {
+          auto request = DecodeShardRequest(body);
+          if (!request.ok()) return fail(request.status());
+          checkpoint_phase = true;
+          if (kind == ControlKind::kCheckpoint) {
+            checkpoint = std::move(*request);
+          } else {
+            ShardIdentity identity = shard;
+            identity.iteration = request->iteration;
+            const FileDigest expected{request->bytes, request->crc32c};
+            if (server.store().size() > 0) {
+              return fail(absl::FailedPreconditionError("a resume after rows were served"));
+            }
+            absl::Status loaded =
+                LoadShard(request->path, identity, &expected, &server.mutable_store());
+            if (!loaded.ok()) return fail(loaded);
+            server.ResumeAt(request->iteration);
+            const ShardReply reply{expected.bytes, expected.crc32c, server.store().size()};
+            absl::Status sent =
+                transport.Send(source, kTagControl,
+                               EncodeControl(ControlKind::kShardDone, EncodeShardReply(reply)));
+            if (!sent.ok()) return fail(sent);
+          }
+          break;
+        }
+        checkpoint_phase = false;
         if (kind == ControlKind::kDone) {
           ++done;
         } else if (kind == ControlKind::kCollect) {
@@ -198,6 +248,26 @@ absl::Status RunServer(Transport& transport, const JobLayout& layout, int server
       default:
         return fail(absl::DataLossError(
             absl::StrCat("unexpected message tag ", message->tag, " from rank ", source)));
+    }
+    if (checkpoint.has_value() && server.WatermarksReach(checkpoint->iteration)) {
+      ShardIdentity identity = shard;
+      identity.iteration = checkpoint->iteration;
+      auto digest = WriteShard(checkpoint->path, server.store(), identity);
+      if (!digest.ok()) return fail(digest.status());
+      const ShardReply reply{digest->bytes, digest->crc32c, server.store().size()};
+      absl::Status sent =
+          transport.Send(JobLayout::oracle_rank(), kTagControl,
+                         EncodeControl(ControlKind::kShardDone, EncodeShardReply(reply)));
+      if (!sent.ok()) return fail(sent);
+      checkpoint.reset();
+    }
+    if (!stop_forwarded && options.stop_requested) {
+      if (const int signal = options.stop_requested(); signal != 0) {
+        stop_forwarded = true;
+        WireWriter w;
+        w.Put<int32_t>(signal);
+        (void)transport.Send(JobLayout::oracle_rank(), kTagStopRequest, w.Take());
+      }
     }
     if (done == layout.trainers && !collect_from.empty()) {
       for (int collector : collect_from) {

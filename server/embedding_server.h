@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -34,6 +35,10 @@ struct ServerOptions {
   // Fetches for iteration f also wait until every trainer's watermark is >= f - horizon.
   int64_t writeback_horizon = 1 << 30;
   absl::Duration peer_timeout = absl::Seconds(120);
+  // Polled between messages: non-zero (a signal number) once this process was asked to stop;
+  // the server then asks the oracle (rank 0) to stop the job at an iteration boundary. May be
+  // empty.
+  std::function<int()> stop_requested;
 };
 
 struct ServerStats {
@@ -58,6 +63,10 @@ class EmbeddingServer {
   // Removes and returns (trainer, response) for every queued fetch that is now ready, in
   // arrival order per trainer.
   std::vector<std::pair<int, FetchResponse>> TakeReady();
+  // True once every trainer's watermark is at least `iteration`.
+  bool WatermarksReach(Iteration iteration) const;
+  // A resumed job: every trainer's write-backs before `iteration` are in (the checkpoint).
+  void ResumeAt(Iteration iteration);
   // Requests still waiting (for diagnostics).
   size_t waiting() const { return waiting_.size(); }
 
@@ -83,8 +92,11 @@ class EmbeddingServer {
 
 // Serves requests on `transport` as server `server_index` of `layout` until every trainer has
 // sent kDone and a collector (any rank) has sent kStop; answers kCollect by streaming its rows
-// (sorted by RowId) back. Returns an error (and aborts the job) on a protocol violation or
-// when no message arrives within options.peer_timeout while trainers are still running.
+// (sorted by RowId) back. Checkpoints (server/shard_file.h): on kCheckpoint it writes its shard
+// once every trainer's write-backs up to the checkpoint's iteration are in, on kRestore (before
+// any fetch) it loads one; both are answered with kShardDone, and a failure aborts the job. Returns
+// an error (and aborts the job) on a protocol violation or when no message arrives within
+// options.peer_timeout while trainers are still running.
 absl::Status RunServer(Transport& transport, const JobLayout& layout, int server_index,
                        const ServerOptions& options, ServerStats* stats = nullptr);
 

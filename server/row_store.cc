@@ -1,11 +1,32 @@
 #include "server/row_store.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace bagpipe {
 
 RowStore::RowStore(RowInitializer initializer)
     : initializer_(std::move(initializer)), record_floats_(initializer_.record_floats()) {}
+
+bool RowStore::Insert(RowId row, const float* record) {
+  auto [it, inserted] = index_.try_emplace(row, static_cast<uint32_t>(index_.size()));
+  if (!inserted) return false;
+  const uint32_t index = it->second;
+  const int64_t chunk = index / kChunkRows;
+  if (chunk >= static_cast<int64_t>(chunks_.size())) {
+    chunks_.push_back(std::make_unique<float[]>(kChunkRows * record_floats_));
+  }
+  stamps_.push_back(-1);
+  std::memcpy(chunks_[chunk].get() + (index % kChunkRows) * record_floats_, record,
+              record_floats_ * sizeof(float));
+  return true;
+}
+
+void RowStore::ForEach(const std::function<void(RowId, const float*)>& fn) const {
+  for (const auto& [row, index] : index_) {
+    fn(row, chunks_[index / kChunkRows].get() + (index % kChunkRows) * record_floats_);
+  }
+}
 
 float* RowStore::GetOrCreate(RowId row) {
   auto [it, inserted] = index_.try_emplace(row, static_cast<uint32_t>(index_.size()));

@@ -38,6 +38,13 @@ class RowStore {
 
   // Calls fn(row, record) for every row in increasing RowId order.
   void ForEachSorted(const std::function<void(RowId, const float*)>& fn) const;
+  // Calls fn(row, record) for every row, in no particular order (no sort: checkpoints).
+  void ForEach(const std::function<void(RowId, const float*)>& fn) const;
+  // Adds `row` with `record` (not the initialiser's values; stamp -1). Returns false, changing
+  // nothing, when the row exists.
+  bool Insert(RowId row, const float* record);
+  // Room for `rows` rows in the index without rehashing.
+  void Reserve(int64_t rows) { index_.reserve(static_cast<size_t>(rows)); }
 
   // Bytes used per stored row (record + stamp + index entry, amortised) and in total.
   double bytes_per_row() const;

@@ -74,9 +74,49 @@ absl::Status DecodeControl(const Bytes& bytes, ControlKind* kind, Bytes* body) {
   RETURN_IF_ERROR(r.Get(&raw));
   RETURN_IF_ERROR(r.GetVector(body));
   RETURN_IF_ERROR(r.ExpectDone());
-  if (raw < 1 || raw > 5) return absl::DataLossError("control message: unknown kind");
+  if (raw < 1 || raw > static_cast<uint32_t>(ControlKind::kShardDone)) {
+    return absl::DataLossError("control message: unknown kind");
+  }
   *kind = static_cast<ControlKind>(raw);
   return absl::OkStatus();
+}
+
+Bytes EncodeShardRequest(const ShardRequest& request) {
+  WireWriter w;
+  w.Put(request.iteration);
+  w.PutString(request.path);
+  w.Put(request.bytes);
+  w.Put(request.crc32c);
+  return w.Take();
+}
+
+absl::StatusOr<ShardRequest> DecodeShardRequest(const Bytes& bytes) {
+  WireReader r(bytes, "shard request");
+  ShardRequest request;
+  RETURN_IF_ERROR(r.Get(&request.iteration));
+  RETURN_IF_ERROR(r.GetString(&request.path));
+  RETURN_IF_ERROR(r.Get(&request.bytes));
+  RETURN_IF_ERROR(r.Get(&request.crc32c));
+  RETURN_IF_ERROR(r.ExpectDone());
+  return request;
+}
+
+Bytes EncodeShardReply(const ShardReply& reply) {
+  WireWriter w;
+  w.Put(reply.bytes);
+  w.Put(reply.crc32c);
+  w.Put(reply.rows);
+  return w.Take();
+}
+
+absl::StatusOr<ShardReply> DecodeShardReply(const Bytes& bytes) {
+  WireReader r(bytes, "shard reply");
+  ShardReply reply;
+  RETURN_IF_ERROR(r.Get(&reply.bytes));
+  RETURN_IF_ERROR(r.Get(&reply.crc32c));
+  RETURN_IF_ERROR(r.Get(&reply.rows));
+  RETURN_IF_ERROR(r.ExpectDone());
+  return reply;
 }
 
 }  // namespace bagpipe

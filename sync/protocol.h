@@ -8,11 +8,15 @@
 //   WriteBack      trainer -> server: records written back at the boundary of iteration `stamp`.
 //                  Sent at every boundary to every server, possibly empty: it is also the
 //                  trainer's watermark ("all my write-backs up to `stamp` are sent").
-//   Control        kDone (a trainer finished), kCollect/kRows (parameter collection), kStop.
+//   Control        kDone (a trainer finished), kCollect/kRows (parameter collection), kStop;
+//                  checkpoints (trainer_hooks/checkpoint.h): kCheckpoint / kRestore (rank 0 ->
+//                  server: write / load the shard at `path`, a ShardRequest) answered by
+//                  kShardDone (a ShardReply).
 #ifndef BAGPIPE_SYNC_PROTOCOL_H_
 #define BAGPIPE_SYNC_PROTOCOL_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -46,12 +50,35 @@ struct WriteBack {
 };
 
 enum class ControlKind : uint32_t {
-  kDone = 1,     // trainer -> servers/oracle: finished, no more requests
-  kCollect = 2,  // collector -> server: send every row, sorted by RowId
-  kRows = 3,     // server -> collector: a chunk of rows (last chunk flagged)
-  kStop = 4,     // collector -> server: exit
-  kStats = 5,    // any -> collector: a JSON blob of statistics
+  kDone = 1,        // trainer -> servers/oracle: finished, no more requests
+  kCollect = 2,     // collector -> server: send every row, sorted by RowId
+  kRows = 3,        // server -> collector: a chunk of rows (last chunk flagged)
+  kStop = 4,        // collector -> server: exit
+  kStats = 5,       // any -> collector: a JSON blob of statistics
+  kCheckpoint = 6,  // rank 0 -> server: write your shard once every trainer's write-backs
+                    // up to `iteration` are applied
+  kRestore = 7,     // rank 0 -> server: load your shard (a resumed job), before any fetch
+  kShardDone = 8,   // server -> rank 0: the shard was written or loaded
 };
+
+// Body of kCheckpoint and kRestore.
+struct ShardRequest {
+  Iteration iteration = 0;
+  std::string path;
+  // kRestore: the size and CRC32C the manifest recorded (verified before loading).
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+// Body of kShardDone.
+struct ShardReply {
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+  int64_t rows = 0;
+};
+Bytes EncodeShardRequest(const ShardRequest& request);
+absl::StatusOr<ShardRequest> DecodeShardRequest(const Bytes& bytes);
+Bytes EncodeShardReply(const ShardReply& reply);
+absl::StatusOr<ShardReply> DecodeShardReply(const Bytes& bytes);
 
 Bytes EncodeFetchRequest(const FetchRequest& request);
 absl::StatusOr<FetchRequest> DecodeFetchRequest(const Bytes& bytes);

@@ -49,7 +49,10 @@ enum Tag : int {
   kTagControl = 8,          // shutdown, results, parameter dumps
   kTagBarrier = 9,
   kTagNcclSetup = 11,  // trainer <-> trainer: GPU identities and the NCCL unique id
-  kTagTest = 100,      // reserved for tests
+  kTagCheckpoint =
+      12,  // oracle <-> trainers: job start / resume state, the loop's checkpoint state
+  kTagStopRequest = 13,  // any rank -> oracle: a stop signal arrived here (stop at a boundary)
+  kTagTest = 100,        // reserved for tests
 };
 
 struct Message {

@@ -55,6 +55,8 @@ absl::StatusOr<TrainerOutcome> DecodeOutcome(const Bytes& bytes) {
   st.apply_seconds = s.value("apply_seconds", 0.0);
   st.allreduce_seconds = s.value("allreduce_seconds", 0.0);
   st.dense_allreduce = s.value("dense_allreduce", std::string());
+  st.checkpoints = s.value("checkpoints", int64_t{0});
+  st.checkpoint_seconds = s.value("checkpoint_seconds", 0.0);
   return outcome;
 }
 
@@ -98,7 +100,8 @@ absl::Status GatherAtRankZero(Transport& transport, const JobOptions& options,
   }
   const int record_floats =
       RecordFloats(options.trainer.sparse_optimizer.kind, options.trainer.dim);
-  if (options.collect_parameters) {
+  // A stopped job's rows stay on the servers (and in its checkpoint).
+  if (options.collect_parameters && result->oracle.stopped_at < 0) {
     if (sink.dense) RETURN_IF_ERROR(sink.dense(result->trainers[0].dense_parameters));
     absl::Status row_status;
     RETURN_IF_ERROR(CollectRows(transport, layout, record_floats, options.peer_timeout,
@@ -136,6 +139,7 @@ absl::Status RunTrainerRank(Transport& transport, const JobOptions& options, int
   }
   TrainerOptions trainer_options = options.trainer;
   trainer_options.peer_timeout = options.peer_timeout;
+  trainer_options.stop_requested = options.stop_requested;
   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                    Trainer::Create(transport, options.layout, t, context, trainer_options));
   TrainerOutcome outcome;
@@ -153,6 +157,7 @@ absl::Status RunServerRank(Transport& transport, const JobOptions& options, int 
                                          ? options.oracle.planner.writeback_horizon
                                          : kDefaultWritebackHorizon;
   server_options.peer_timeout = options.peer_timeout;
+  server_options.stop_requested = options.stop_requested;
   ServerStats stats;
   RETURN_IF_ERROR(RunServer(transport, options.layout, s, server_options, &stats));
   const std::string text = ServerStatsJson(stats).dump();
@@ -164,6 +169,16 @@ absl::Status RunOracleRank(Transport& transport, const JobOptions& options, Batc
                            BatchStream* eval, const ParamSink& sink, JobResult* result) {
   OracleRoleOptions oracle = options.oracle;
   oracle.peer_timeout = options.peer_timeout;
+  oracle.stop_requested = options.stop_requested;
+  oracle.checkpoint = options.checkpoint;
+  const OptimizerConfig& sparse = options.trainer.sparse_optimizer;
+  oracle.checkpoint.identity.update(CheckpointIdentity(
+      options.layout, options.trainer.dim,
+      {{"kind", std::string(OptimizerName(sparse.kind))},
+       {"lr", sparse.learning_rate},
+       {"eps", sparse.eps},
+       {"initial_accumulator", sparse.initial_accumulator}},
+      options.trainer.initializer.seed(), options.oracle.planner.schema.table_rows));
   RETURN_IF_ERROR(RunOracle(transport, options.layout, train, eval, oracle, &result->oracle));
   return GatherAtRankZero(transport, options, sink, result);
 }

@@ -22,6 +22,7 @@
 #include "server/embedding_server.h"
 #include "sync/roles.h"
 #include "sync/transport.h"
+#include "trainer_hooks/checkpoint.h"
 #include "trainer_hooks/oracle_role.h"
 #include "trainer_hooks/trainer.h"
 
@@ -47,6 +48,14 @@ struct JobOptions {
   absl::Duration peer_timeout = absl::Seconds(120);
   // Gather every parameter at rank 0 after training (for the fingerprint and dumps).
   bool collect_parameters = true;
+  // Checkpoints and resume (trainer_hooks/checkpoint.h); checkpoint.identity gets the job's own
+  // must-match options added.
+  CheckpointOptions checkpoint;
+  // Polled by every role at iteration boundaries: non-zero (e.g. the signal number of a SIGTERM)
+  // stops the job after the iterations already planned, with a checkpoint when a directory is
+  // set; the job then ends without evaluation or parameter collection and reports
+  // result->oracle.stopped_at. May be empty.
+  std::function<int()> stop_requested;
 };
 
 struct JobResult {

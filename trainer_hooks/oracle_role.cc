@@ -1,5 +1,7 @@
 #include "trainer_hooks/oracle_role.h"
 
+#include <signal.h>
+
 #include <algorithm>
 
 #include "absl/container/flat_hash_map.h"
@@ -7,6 +9,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/timer.h"
+#include "core/tunables.h"
 #include "trainer_hooks/plan_codec.h"
 
 namespace bagpipe {
@@ -17,7 +20,10 @@ nlohmann::json OracleRoleStats::ToJson() const {
           {"plan_seconds", plan_seconds},
           {"read_seconds", read_seconds},
           {"credit_wait_seconds", credit_wait_seconds},
-          {"planner", planner}};
+          {"planner", planner},
+          {"checkpoint", checkpoint.ToJson()},
+          {"stopped_at", stopped_at},
+          {"stop_signal", stop_signal}};
 }
 
 TrainerPlan MakeEvalPlan(const Batch& global_batch, const Schema& schema, int trainer,
@@ -55,6 +61,30 @@ TrainerPlan MakeEvalPlan(const Batch& global_batch, const Schema& schema, int tr
 
 namespace {
 
+// Planners number iterations from 0 in each segment; the job's iterations (and write-back
+// stamps) count on from the segment's first batch.
+void OffsetPlan(Iteration base, TrainerPlan* plan) {
+  if (base == 0) return;
+  plan->iteration += base;
+  for (Fill& fill : plan->fills) {
+    if (fill.after_stamp >= 0) fill.after_stamp += base;
+  }
+}
+
+void AddPlannerStats(const PlannerStats& s, PlannerStats* total) {
+  for (int k = 0; k < kNumPlannerCounters; ++k) total->counters[k] += s.counters[k];
+  for (int k = 0; k < kNumPlannerPhases; ++k) total->phase_seconds[k] += s.phase_seconds[k];
+  total->entry_seconds += s.entry_seconds;
+  total->plan_seconds += s.plan_seconds;
+  total->max_iteration_ms = std::max(total->max_iteration_ms, s.max_iteration_ms);
+  total->pass_seconds += s.pass_seconds;
+  total->modeled_seconds += s.modeled_seconds;
+  total->span_seconds += s.span_seconds;
+  total->tracked_rows = s.tracked_rows;
+  total->global_rows = s.global_rows;
+  total->resident_rows = s.resident_rows;
+}
+
 class OracleRunner {
  public:
   OracleRunner(Transport& transport, const JobLayout& layout, const OracleRoleOptions& options,
@@ -78,52 +108,127 @@ class OracleRunner {
     return transport_.Send(layout_.trainer_rank(t), kTagPlan, std::move(bytes));
   }
 
+  // A stop asked of this process, or of any other rank (kTagStopRequest): its signal, or 0.
+  int PollStop() {
+    if (options_.stop_requested) {
+      if (const int signal = options_.stop_requested(); signal != 0) return signal;
+    }
+    absl::StatusOr<Message> message =
+        transport_.Receive(kAnySource, kTagStopRequest, absl::ZeroDuration());
+    if (!message.ok()) return 0;
+    WireReader r(message->payload, "stop request");
+    int32_t signal = 0;
+    if (!r.Get(&signal).ok() || signal == 0) signal = SIGTERM;
+    return signal;
+  }
+
   absl::Status Run(BatchStream& train, BatchStream* eval) {
-    ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, Planner::Create(options_.planner));
-    int64_t pushed = 0;
-    bool finished = false;
+    CheckpointCoordinator checkpoints(transport_, layout_, options_.checkpoint,
+                                      absl::Milliseconds(CheckpointTimeoutMs()));
+    ASSIGN_OR_RETURN(const CheckpointCoordinator::Start start, checkpoints.Begin(train));
+    // Every trainer learns where the job starts (and, resuming, the loop state to restore).
+    for (int t = 0; t < layout_.trainers; ++t) {
+      WireWriter w;
+      w.Put(start.iteration);
+      w.PutString(start.loop_state);
+      RETURN_IF_ERROR(transport_.Send(layout_.trainer_rank(t), kTagCheckpoint, w.Take()));
+    }
+    StreamPosition position = start.stream;
+    Iteration next = start.iteration;  // the next global batch to plan
+    bool stream_end = false;
+    int stop = 0;
+    PlannerStats planner_total;
     Batch batch;
+    // Planning segments: each ends at a checkpoint, at the end of training or at a stop.
     while (true) {
-      Stopwatch plan_watch;
-      ASSIGN_OR_RETURN(std::optional<std::vector<TrainerPlan>> plans, planner->Pop());
-      stats_->plan_seconds += plan_watch.Seconds();
-      if (!plans.has_value()) {
+      ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, Planner::Create(options_.planner));
+      const Iteration base = next;
+      Iteration segment_end = options_.max_iterations >= 0 ? options_.max_iterations : kNever;
+      if (checkpoints.writes() && checkpoints.every() > 0) {
+        segment_end = std::min(segment_end, (base / checkpoints.every() + 1) * checkpoints.every());
+      }
+      bool finished = false;
+      while (true) {
+        Stopwatch plan_watch;
+        ASSIGN_OR_RETURN(std::optional<std::vector<TrainerPlan>> plans, planner->Pop());
+        stats_->plan_seconds += plan_watch.Seconds();
+        if (plans.has_value()) {
+          int32_t global_samples = 0;
+          for (const TrainerPlan& plan : *plans) global_samples += plan.num_samples;
+          for (int t = 0; t < layout_.trainers; ++t) {
+            (*plans)[t].global_samples = global_samples;
+            OffsetPlan(base, &(*plans)[t]);
+            RETURN_IF_ERROR(SendPlan(t, EncodePlan(PlanKind::kIteration, (*plans)[t])));
+          }
+          planner->Recycle(std::move(*plans));  // encoded: their memory serves later plans
+          ++stats_->iterations;
+          continue;
+        }
         if (finished) break;
-        const bool want_more = options_.max_iterations < 0 || pushed < options_.max_iterations;
+        if (stop == 0 && (stop = PollStop()) != 0) {
+          BAGPIPE_LOG(WARNING) << "stop requested (signal " << stop
+                               << "): training stops after the iterations already planned, at "
+                               << next;
+        }
         bool got = false;
-        if (want_more) {
+        if (stop == 0 && next < segment_end && !stream_end) {
           Stopwatch read_watch;
           ASSIGN_OR_RETURN(got, train.Next(&batch));
           stats_->read_seconds += read_watch.Seconds();
+          stream_end = !got;
         }
         Stopwatch push_watch;
         if (got) {
+          position.samples += batch.num_samples;
+          position.last_batch_crc32c = BatchCrc32c(batch);
           // The batch's buffers come back for the next read.
           RETURN_IF_ERROR(Annotate(planner->Push(std::move(batch), &batch),
-                                   absl::StrCat("planning global batch ", pushed)));
-          ++pushed;
+                                   absl::StrCat("planning global batch ", next)));
+          ++next;
+          position.batches = next;
+          position.epoch = train.epoch();
         } else {
           RETURN_IF_ERROR(planner->Finish());
           finished = true;
         }
         stats_->plan_seconds += push_watch.Seconds();
-        continue;
       }
-      int32_t global_samples = 0;
-      for (const TrainerPlan& plan : *plans) global_samples += plan.num_samples;
+      ASSIGN_OR_RETURN(std::vector<TrainerPlan> drain, planner->Drain());
+      for (TrainerPlan& plan : drain) OffsetPlan(base, &plan);
+      AddPlannerStats(planner->stats(), &planner_total);
+      const bool done = stop != 0 || stream_end ||
+                        (options_.max_iterations >= 0 && next >= options_.max_iterations);
+      const bool cut = checkpoints.writes() && next > checkpoints.last_written() &&
+                       (done || (checkpoints.every() > 0 && next % checkpoints.every() == 0));
+      if (!cut) {
+        if (!done) return absl::InternalError("a planning segment ended without a checkpoint");
+        for (int t = 0; t < layout_.trainers; ++t) {
+          RETURN_IF_ERROR(SendPlan(t, EncodePlan(PlanKind::kDrain, drain[t])));
+        }
+        break;
+      }
       for (int t = 0; t < layout_.trainers; ++t) {
-        (*plans)[t].global_samples = global_samples;
-        RETURN_IF_ERROR(SendPlan(t, EncodePlan(PlanKind::kIteration, (*plans)[t])));
+        RETURN_IF_ERROR(SendPlan(t, EncodePlan(PlanKind::kCheckpoint, drain[t])));
       }
-      planner->Recycle(std::move(*plans));  // encoded: their memory serves later plans
-      ++stats_->iterations;
+      RETURN_IF_ERROR(checkpoints.Write(next, position).status());
+      if (!done) continue;
+      // Everything went back to the servers at the cut: an empty drain ends training.
+      for (int t = 0; t < layout_.trainers; ++t) {
+        TrainerPlan empty;
+        empty.iteration = next;
+        empty.trainer = t;
+        empty.num_trainers = layout_.trainers;
+        RETURN_IF_ERROR(SendPlan(t, EncodePlan(PlanKind::kDrain, empty)));
+      }
+      break;
     }
-    ASSIGN_OR_RETURN(std::vector<TrainerPlan> drain, planner->Drain());
-    for (int t = 0; t < layout_.trainers; ++t) {
-      RETURN_IF_ERROR(SendPlan(t, EncodePlan(PlanKind::kDrain, drain[t])));
+    stats_->planner = planner_total.ToJson();
+    stats_->checkpoint = checkpoints.stats();
+    if (stop != 0) {
+      stats_->stopped_at = next;
+      stats_->stop_signal = stop;
     }
-    stats_->planner = planner->stats().ToJson();
-    if (eval != nullptr) {
+    if (eval != nullptr && stop == 0) {
       const Schema& schema = options_.planner.schema;
       Iteration index = 0;
       while (true) {

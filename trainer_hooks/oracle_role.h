@@ -3,10 +3,19 @@
 // `plan_queue_depth` unconsumed plans per trainer (credit-based flow control, so memory stays
 // bounded whatever the speed difference). After the last iteration it sends each trainer the
 // drain plan (write back everything), then the evaluation shards, then an end marker.
+//
+// Before the first plan every trainer gets a start message (the first iteration and, when the
+// job resumes, the loop's state). With checkpoints (trainer_hooks/checkpoint.h) planning runs in
+// segments that end at the checkpoints' iterations: each segment's planner is drained into
+// kCheckpoint plans, the checkpoint is written, and the next segment plans afresh. A stop
+// request (OracleRoleOptions::stop_requested, or kTagStopRequest from any rank) ends the current
+// segment where its window stands, writes a checkpoint when a directory is set, and ends the
+// job without evaluation.
 #ifndef BAGPIPE_TRAINER_HOOKS_ORACLE_ROLE_H_
 #define BAGPIPE_TRAINER_HOOKS_ORACLE_ROLE_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -15,6 +24,7 @@
 #include "oracle/planner.h"
 #include "sync/roles.h"
 #include "sync/transport.h"
+#include "trainer_hooks/checkpoint.h"
 
 namespace bagpipe {
 
@@ -23,6 +33,9 @@ struct OracleRoleOptions {
   int64_t max_iterations = -1;  // stop after this many global batches (-1: end of stream)
   int plan_queue_depth = 8;     // unconsumed plans per trainer
   absl::Duration peer_timeout = absl::Seconds(120);
+  CheckpointOptions checkpoint;
+  // Polled between batches: non-zero (a signal number) asks for a stop. May be empty.
+  std::function<int()> stop_requested;
 };
 
 struct OracleRoleStats {
@@ -31,7 +44,11 @@ struct OracleRoleStats {
   double plan_seconds = 0;         // time inside the planner
   double read_seconds = 0;         // time reading batches
   double credit_wait_seconds = 0;  // time waiting for trainers to consume plans
-  nlohmann::json planner;          // the planner's own statistics
+  nlohmann::json planner;          // the planner's own statistics (summed over segments)
+  CheckpointStats checkpoint;
+  // A stopped job: the iteration it stopped at (-1: it ran to its end) and why.
+  Iteration stopped_at = -1;
+  int stop_signal = 0;
   nlohmann::json ToJson() const;
 };
 

@@ -86,7 +86,7 @@ absl::Status DecodePlan(const Bytes& bytes, PlanKind* kind, TrainerPlan* plan) {
   if (magic != kPlanMagic) return absl::DataLossError("plan: bad magic");
   uint8_t raw_kind = 0;
   RETURN_IF_ERROR(r.Get(&raw_kind));
-  if (raw_kind < 1 || raw_kind > 4) return absl::DataLossError("plan: unknown kind");
+  if (raw_kind < 1 || raw_kind > 5) return absl::DataLossError("plan: unknown kind");
   *kind = static_cast<PlanKind>(raw_kind);
   *plan = TrainerPlan();
   int32_t trainer = 0, num_trainers = 0;

@@ -18,6 +18,10 @@ enum class PlanKind : uint8_t {
   kDrain = 2,      // final extractions: write every dirty cached row back
   kEval = 3,       // an evaluation batch: rows are read from the servers, nothing is updated
   kEnd = 4,        // no more plans
+  // A checkpoint's consistent cut (trainer_hooks/checkpoint.h): like kDrain (every dirty cached
+  // row goes back to the servers, every slot is freed), then training continues with the
+  // iteration the plan names, planned afresh.
+  kCheckpoint = 5,
 };
 
 Bytes EncodePlan(PlanKind kind, const TrainerPlan& plan);

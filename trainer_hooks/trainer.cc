@@ -11,6 +11,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/timer.h"
+#include "core/tunables.h"
 #include "prefetch/prefetcher.h"
 #include "sync/collectives.h"
 #if BAGPIPE_WITH_CUDA
@@ -43,6 +44,8 @@ nlohmann::json TrainerStats::ToJson() const {
           {"sync_seconds", sync_seconds},
           {"apply_seconds", apply_seconds},
           {"allreduce_seconds", allreduce_seconds},
+          {"checkpoints", checkpoints},
+          {"checkpoint_seconds", checkpoint_seconds},
           {"dense_allreduce", dense_allreduce}};
 }
 
@@ -118,6 +121,26 @@ class Trainer::Impl {
   int num_trainers() const { return layout_.trainers; }
   const std::shared_ptr<DeviceContext>& context() const { return context_; }
   EmbeddingCache& cache() { return *cache_; }
+
+  absl::Status SetLoopState(LoopState state) {
+    RETURN_IF_ERROR(AwaitStart());
+    loop_state_ = std::move(state);
+    if (start_state_.empty()) return absl::OkStatus();
+    if (!loop_state_.restore) {
+      return absl::FailedPreconditionError(
+          "the job resumes from a checkpoint with loop state, but LoopState::restore is empty");
+    }
+    RETURN_IF_ERROR(Annotate(loop_state_.restore(start_state_),
+                             absl::StrCat("restoring the loop state of trainer ", id_)));
+    start_state_.clear();
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Iteration> FirstIteration() {
+    RETURN_IF_ERROR(AwaitStart());
+    return first_iteration_;
+  }
+
   TrainerStats stats() const {
     TrainerStats stats = stats_;
     const PrefetchStats prefetch = prefetcher_->stats();
@@ -130,9 +153,21 @@ class Trainer::Impl {
       return absl::FailedPreconditionError("BeginIteration called twice without EndIteration");
     }
     if (training_done_) return false;
-    Stopwatch wait_watch;
-    ASSIGN_OR_RETURN(auto next, PopPlan());
-    stats_.wait_seconds += wait_watch.Seconds();
+    RETURN_IF_ERROR(AwaitStart());
+    if (!start_state_.empty()) {
+      return absl::FailedPreconditionError(
+          "the job resumes from a checkpoint that holds the training loop's state (dense "
+          "parameters, optimizer state), but the loop registered none (Trainer::SetLoopState)");
+    }
+    ForwardStopRequest();
+    std::pair<PlanKind, TrainerPlan> next;
+    while (true) {
+      Stopwatch wait_watch;
+      ASSIGN_OR_RETURN(next, PopPlan());
+      stats_.wait_seconds += wait_watch.Seconds();
+      if (next.first != PlanKind::kCheckpoint) break;
+      RETURN_IF_ERROR(RunCheckpoint(next.second));
+    }
     if (next.first == PlanKind::kDrain) {
       drain_ = std::move(next.second);
       training_done_ = true;
@@ -239,9 +274,12 @@ class Trainer::Impl {
     if (in_iteration_) return absl::FailedPreconditionError("Flush inside an iteration");
     if (flushed_) return absl::OkStatus();
     // Consume the remaining plans up to the drain (a loop may stop early).
+    if (!training_done_) RETURN_IF_ERROR(AwaitStart());
     while (!training_done_) {
       ASSIGN_OR_RETURN(auto next, PopPlan());
-      if (next.first == PlanKind::kDrain) {
+      if (next.first == PlanKind::kCheckpoint) {
+        RETURN_IF_ERROR(RunCheckpoint(next.second));
+      } else if (next.first == PlanKind::kDrain) {
         drain_ = std::move(next.second);
         training_done_ = true;
       } else if (next.first == PlanKind::kIteration) {
@@ -304,6 +342,58 @@ class Trainer::Impl {
     return group;
   }
 
+  // --- job start, checkpoints, stops (trainer_hooks/checkpoint.h) ----------------------------
+
+  // Receives the oracle's start message once: the first iteration and, when the job resumes,
+  // the loop's state. The oracle sends it after validating (and, to resume, loading) the
+  // checkpoint, which may take long: the wait is the checkpoint timeout.
+  absl::Status AwaitStart() {
+    if (started_) return absl::OkStatus();
+    ASSIGN_OR_RETURN(Message message,
+                     transport_.Receive(JobLayout::oracle_rank(), kTagCheckpoint,
+                                        absl::Milliseconds(CheckpointTimeoutMs())));
+    WireReader r(message.payload, "job start message");
+    RETURN_IF_ERROR(r.Get(&first_iteration_));
+    RETURN_IF_ERROR(r.GetString(&start_state_));
+    RETURN_IF_ERROR(r.ExpectDone());
+    started_ = true;
+    return absl::OkStatus();
+  }
+
+  // A checkpoint's cut at the boundary of plan.iteration: every exchange completes, every dirty
+  // row goes back to its server (the servers write their shards once all are in), and trainer
+  // 0 sends the loop's state to the oracle. The next plan comes once the checkpoint is written.
+  absl::Status RunCheckpoint(const TrainerPlan& plan) {
+    Stopwatch watch;
+    RETURN_IF_ERROR(CompleteLaterExchanges(kFinalStamp));
+    RETURN_IF_ERROR(RunExtractions(plan, plan.iteration));
+    if (id_ == 0) {
+      std::string state;
+      if (loop_state_.save) {
+        ASSIGN_OR_RETURN(state, loop_state_.save());
+      }
+      WireWriter w;
+      w.Put(plan.iteration);
+      w.PutString(state);
+      RETURN_IF_ERROR(transport_.Send(JobLayout::oracle_rank(), kTagCheckpoint, w.Take()));
+    }
+    ++stats_.checkpoints;
+    stats_.checkpoint_seconds += watch.Seconds();
+    after_checkpoint_ = true;
+    return absl::OkStatus();
+  }
+
+  // Tells the oracle once that this process was asked to stop (SIGINT/SIGTERM).
+  void ForwardStopRequest() {
+    if (stop_forwarded_ || !options_.stop_requested) return;
+    const int signal = options_.stop_requested();
+    if (signal == 0) return;
+    stop_forwarded_ = true;
+    WireWriter w;
+    w.Put<int32_t>(signal);
+    (void)transport_.Send(JobLayout::oracle_rank(), kTagStopRequest, w.Take());
+  }
+
   // --- plans -------------------------------------------------------------------------------
 
   void PlanLoop() {
@@ -363,11 +453,15 @@ class Trainer::Impl {
     auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(plan_mu_) {
       return !plans_.empty() || !plan_error_.ok();
     };
-    if (!plan_mu_.AwaitWithTimeout(absl::Condition(&ready), options_.peer_timeout)) {
+    // After a checkpoint's cut the next plan comes once the checkpoint is written.
+    const absl::Duration timeout =
+        after_checkpoint_ ? absl::Milliseconds(CheckpointTimeoutMs()) : options_.peer_timeout;
+    if (!plan_mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
       return absl::DeadlineExceededError(absl::StrFormat(
           "trainer %d waited %s for a plan from the oracle (rank 0); it died or hung", id_,
-          absl::FormatDuration(options_.peer_timeout)));
+          absl::FormatDuration(timeout)));
     }
+    after_checkpoint_ = false;
     if (plans_.empty()) return plan_error_;
     auto next = std::move(plans_.front());
     plans_.pop_front();
@@ -694,6 +788,13 @@ class Trainer::Impl {
   BackwardIndex backward_;
   bool in_iteration_ = false;
   bool training_done_ = false;
+  // Job start and checkpoints.
+  bool started_ = false;
+  Iteration first_iteration_ = 0;
+  std::string start_state_;  // the loop state to restore, until SetLoopState restores it
+  LoopState loop_state_;
+  bool after_checkpoint_ = false;
+  bool stop_forwarded_ = false;
   bool flushed_ = false;
   bool eval_done_ = false;
   std::deque<LaterExchange> later_;
@@ -730,6 +831,10 @@ Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
 int Trainer::id() const { return impl_->id(); }
 int Trainer::num_trainers() const { return impl_->num_trainers(); }
+absl::Status Trainer::SetLoopState(LoopState state) {
+  return impl_->SetLoopState(std::move(state));
+}
+absl::StatusOr<Iteration> Trainer::FirstIteration() { return impl_->FirstIteration(); }
 const std::shared_ptr<DeviceContext>& Trainer::context() const { return impl_->context(); }
 absl::StatusOr<bool> Trainer::BeginIteration(LocalBatch* batch) {
   return impl_->BeginIteration(batch);

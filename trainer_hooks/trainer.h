@@ -31,8 +31,10 @@
 #define BAGPIPE_TRAINER_HOOKS_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -61,6 +63,23 @@ struct TrainerOptions {
   absl::Duration peer_timeout = absl::Seconds(120);
   // Row initialisation (also the table sizes, for kDevice).
   RowInitializer initializer;
+  // Polled at every BeginIteration: non-zero (a signal number) once this process was asked to
+  // stop; the trainer then asks the oracle (rank 0) to stop the job at an iteration boundary
+  // (trainer_hooks/checkpoint.h). May be empty.
+  std::function<int()> stop_requested;
+};
+
+// The training loop's own part of a checkpoint (trainer_hooks/checkpoint.h): whatever the
+// trainer does not hold — the dense parameters, the dense optimizer state, the loop's counters —
+// as bytes the loop defines. Every trainer holds the same dense replica, so trainer 0's is
+// saved and every trainer restores it.
+struct LoopState {
+  // Called on trainer 0 at the boundary of each checkpoint's iteration (after the iterations
+  // before it, before the next). Must not call the trainer.
+  std::function<absl::StatusOr<std::string>()> save;
+  // Called on every trainer of a resumed job with what `save` returned, before the first
+  // iteration.
+  std::function<absl::Status(std::string_view state)> restore;
 };
 
 // The current iteration's inputs. Pointers are in the trainer's device memory (host memory for
@@ -97,13 +116,15 @@ struct TrainerStats {
   int64_t fetched_bytes = 0;
   int64_t written_back_bytes = 0;
   // Seconds spent in each phase, summed over iterations.
-  double wait_seconds = 0;       // waiting for plans and prefetched rows
-  double boundary_seconds = 0;   // extract, write back, fill
-  double lookup_seconds = 0;     // pooled gather
-  double reduce_seconds = 0;     // row-gradient reduction
-  double sync_seconds = 0;       // shared-row gradient exchange on the critical path
-  double apply_seconds = 0;      // sparse optimizer
-  double allreduce_seconds = 0;  // dense all-reduce
+  double wait_seconds = 0;        // waiting for plans and prefetched rows
+  double boundary_seconds = 0;    // extract, write back, fill
+  double lookup_seconds = 0;      // pooled gather
+  double reduce_seconds = 0;      // row-gradient reduction
+  double sync_seconds = 0;        // shared-row gradient exchange on the critical path
+  double apply_seconds = 0;       // sparse optimizer
+  double allreduce_seconds = 0;   // dense all-reduce
+  int64_t checkpoints = 0;        // consistent cuts taken (trainer_hooks/checkpoint.h)
+  double checkpoint_seconds = 0;  // draining the cache at them and waiting for the checkpoint
   // The path of the dense all-reduce (AllReduceDevice): "nccl", "transport" (CPU backend:
   // the Transport all-reduce, MPI or in-process), "transport-via-host" (CUDA, NCCL unusable),
   // "none" (one trainer), or empty when the loop never called AllReduceDevice.
@@ -124,6 +145,15 @@ class Trainer {
 
   int id() const;
   int num_trainers() const;
+
+  // Registers the loop's checkpoint state; call it before the first BeginIteration. Waits until
+  // the job starts (a resumed job starts once every server has loaded its shard) and, when the
+  // job resumes from a checkpoint, restores the loop's state through state.restore. A loop that
+  // keeps no state of its own need not call it (its checkpoints then hold an empty state).
+  absl::Status SetLoopState(LoopState state);
+  // The first iteration this job trains: 0, or the checkpoint's iteration when it resumed
+  // (LocalBatch::iteration counts on from there). Waits for the job's start as SetLoopState.
+  absl::StatusOr<Iteration> FirstIteration();
   const std::shared_ptr<DeviceContext>& context() const;
 
   // Waits for the next iteration and prepares it (see the file comment). Returns false when the

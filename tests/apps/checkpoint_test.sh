@@ -1,0 +1,342 @@
+#!/usr/bin/env bash
+# Checkpoint and resume, end to end (issue 18, "Done when"):
+#  - a run of N iterations, and a run stopped at K < N then resumed to N, end with bit-identical
+#    parameters (--deterministic): --cache oracle and lru, 1 and 2 trainers embedded, and under
+#    mpirun with T = 2, S = 2; also when the stop is a SIGTERM in the middle of an iteration, and
+#    when rank 0 is SIGKILLed right after a checkpoint started (the previous one is used);
+#  - a second signal exits at once;
+#  - each refusal (checksum, truncation, format version, options, another job's directory) has
+#    its message and overwrites nothing; a damaged byte in any checkpoint file is detected.
+# Usage: checkpoint_test.sh BAGPIPE_BINARY [MPIEXEC]
+set -u
+BAGPIPE=$1
+MPIEXEC=${2:-}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+SYN="synthetic:samples=30000,tables=6,scale=0.001,alpha=1.05,seed=3"
+# Every run names --batch-size, --trainers and --cache itself (CLI11 refuses repeated options).
+COMMON=(--data "$SYN" --cache-rows 1500 --optimizer adagrad --lookahead 4 --metrics-interval 5
+        --deterministic --quiet)
+B=(--batch-size 256 --dim 8)
+N=24
+K=10
+failures=0
+fail() {
+  echo "FAIL $*"
+  failures=$((failures + 1))
+}
+
+# field FILE PATH: a field of a JSON file ("a.b" for nested ones).
+field() {
+  python3 -c "
+import json, sys
+v = json.load(open(sys.argv[1]))
+for k in sys.argv[2].split('.'):
+    v = v[k]
+print(v)" "$1" "$2" 2>/dev/null
+}
+sha() { field "$1/summary.json" params_sha256; }
+
+# train NAME ARGS...: runs bagpipe train (embedded), output in $WORK/NAME.log; returns its status.
+train() {
+  local name=$1
+  shift
+  "$BAGPIPE" train "${COMMON[@]}" "$@" >"$WORK/$name.log" 2>&1
+}
+mpi_train() {
+  local name=$1 np=$2
+  shift 2
+  timeout 300 "$MPIEXEC" -np "$np" --oversubscribe "$BAGPIPE" train "${COMMON[@]}" "$@" \
+    >"$WORK/$name.log" 2>&1
+}
+
+# same NAME RUN REF: RUN's parameters are bit-identical to REF's, and RUN resumed (not a rerun).
+same() {
+  local name=$1 run=$2 ref=$3 first=${4:-}
+  if [[ -z "$(sha "$run")" || "$(sha "$run")" != "$(sha "$ref")" ]]; then
+    fail "$name: parameters differ from the uninterrupted run ($(sha "$run") vs $(sha "$ref"))"
+    tail -5 "$WORK/$name.log" 2>/dev/null
+    return
+  fi
+  if [[ -n $first && "$(field "$run/summary.json" first_iteration)" != "$first" ]]; then
+    fail "$name: expected the run to resume at iteration $first, it started at $(field "$run/summary.json" first_iteration)"
+    return
+  fi
+  if [[ "$(field "$run/summary.json" fills)" == "0" ]]; then
+    fail "$name: the cache filled no row (the test would not see a wrong cache)"
+    return
+  fi
+  echo "ok   $name: $(sha "$run")"
+}
+
+# --- stop at K (end of a run with a checkpoint dir), resume to N: embedded ------------------
+for T in 1 2; do
+  ref="$WORK/ref_T$T"
+  train "ref_T$T" "${B[@]}" --iterations $N --trainers "$T" --cache off --out "$ref" ||
+    { fail "reference T=$T"; tail -5 "$WORK/ref_T$T.log"; }
+  for mode in oracle lru; do
+    ck="$WORK/ck_${mode}_T$T"
+    run="$WORK/run_${mode}_T$T"  # both runs write here: the metrics file continues
+    if ! train "stop_${mode}_T$T" "${B[@]}" --iterations $K --trainers "$T" --cache "$mode" \
+        --checkpoint-dir "$ck" --checkpoint-every 4 --out "$run"; then
+      fail "run to $K with checkpoints ($mode, T=$T)"; tail -5 "$WORK/stop_${mode}_T$T.log"
+      continue
+    fi
+    # Every 4 iterations and at the end: 4, 8, 10; the newest two are kept.
+    if [[ "$(ls "$ck" | tr '\n' ' ')" != "ckpt-10 ckpt-8 " ]]; then
+      fail "$mode T=$T: expected ckpt-8 and ckpt-10 in $ck, found: $(ls "$ck" | tr '\n' ' ')"
+    fi
+    if ! train "resumed_${mode}_T$T" "${B[@]}" --iterations $N --trainers "$T" --cache "$mode" \
+        --resume "$ck" --out "$run"; then
+      fail "resume ($mode, T=$T)"; tail -5 "$WORK/resumed_${mode}_T$T.log"; continue
+    fi
+    same "embedded --cache $mode T=$T: $N iterations == $K + resumed to $N" "$run" "$ref" $K
+  done
+done
+# The metrics of the resumed run continue the stopped run's (lines up to K kept, none twice).
+its=$(python3 -c "
+import json, sys
+print(' '.join(str(json.loads(l)['iteration']) for l in open(sys.argv[1])))" \
+  "$WORK/run_oracle_T2/metrics.jsonl" 2>/dev/null)
+if [[ "$its" != "5 10 15 20 24" ]]; then
+  fail "resumed metrics: iterations '$its'"
+fi
+
+# --- SIGTERM in the middle of an iteration (embedded, T = 2) --------------------------------
+# A long run stops at some iteration S; resumed to S + 20 it equals a plain run of S + 20.
+S64=(--batch-size 64 --dim 8)
+# stopped_at LOG: the iteration of the resume line, or empty.
+stopped_at() {
+  grep -Eo "stopped by SIGTERM at iteration [0-9]+; resume with --resume" "$1" | grep -Eo "[0-9]+"
+}
+# wait_for_metrics DIR: until training is under way (the first metrics line).
+wait_for_metrics() {
+  for _ in $(seq 1 600); do
+    [[ -s "$1/metrics.jsonl" ]] && return
+    sleep 0.05
+  done
+}
+ck="$WORK/ck_term"
+"$BAGPIPE" train "${COMMON[@]}" "${S64[@]}" --iterations 1000000 --trainers 2 --cache oracle \
+  --checkpoint-dir "$ck" --out "$WORK/term" >"$WORK/term.log" 2>&1 &
+pid=$!
+wait_for_metrics "$WORK/term"
+kill -TERM $pid
+wait $pid
+rc=$?
+S=$(stopped_at "$WORK/term.log")
+if [[ $rc -ne 75 || -z $S ]]; then
+  fail "SIGTERM: expected exit 75 and a resume line, got exit $rc:"; tail -5 "$WORK/term.log"
+else
+  echo "ok   SIGTERM: exit 75, '$(grep -m1 'stopped by' "$WORK/term.log")'"
+  if [[ -e "$WORK/term/summary.json" ]]; then fail "SIGTERM: a stopped run wrote summary.json"; fi
+  M=$((S + 20))
+  train term_resumed "${S64[@]}" --iterations $M --trainers 2 --cache lru --resume "$ck" \
+    --out "$WORK/term_resumed" || { fail "resume after SIGTERM"; tail -5 "$WORK/term_resumed.log"; }
+  train ref_term "${S64[@]}" --iterations $M --trainers 2 --cache off --out "$WORK/ref_term" ||
+    fail "SIGTERM reference"
+  same "SIGTERM mid-run at $S, resumed with --cache lru to $M" "$WORK/term_resumed" \
+    "$WORK/ref_term" "$S"
+fi
+
+# A second signal ends the process at once (128 + 15). The emulated slow link keeps the first
+# stop busy (it runs the iterations already planned) long enough for the second to land.
+"$BAGPIPE" train "${COMMON[@]}" "${S64[@]}" --iterations 1000000 --trainers 2 --cache oracle \
+  --server-link "10Mbit/s,20ms" --out "$WORK/twice" >"$WORK/twice.log" 2>&1 &
+pid=$!
+wait_for_metrics "$WORK/twice"
+kill -TERM $pid
+sleep 0.3
+kill -TERM $pid
+wait $pid
+rc=$?
+if [[ $rc -ne 143 ]]; then
+  fail "second SIGTERM: exit $rc (expected 143, at once)"; tail -3 "$WORK/twice.log"
+else
+  echo "ok   second SIGTERM: exited at once (exit 143)"
+fi
+
+# --- SIGKILL right after a checkpoint started: the previous one is used ---------------------
+ck="$WORK/ck_kill"
+BAGPIPE_TEST_KILL_IN_CHECKPOINT=20 "$BAGPIPE" train "${COMMON[@]}" "${B[@]}" --iterations 30 --trainers 2 \
+  --cache oracle --checkpoint-dir "$ck" --checkpoint-every 10 --out "$WORK/kill" \
+  >"$WORK/kill.log" 2>&1
+rc=$?
+if [[ $rc -ne 137 || ! -e "$ck/ckpt-10/MANIFEST" || -e "$ck/ckpt-20/MANIFEST" ]]; then
+  fail "SIGKILL in checkpoint 20: exit $rc, $(ls -R "$ck" | tr '\n' ' ')"
+fi
+if [[ -n "$(find "$ck" -name '.*tmp*')" ]]; then fail "SIGKILL left temporaries: $(find "$ck" -name '.*tmp*')"; fi
+train "kill_resumed" "${B[@]}" --iterations 30 --trainers 2 --cache lru --resume "$ck" \
+  --out "$WORK/kill_resumed" || { fail "resume after SIGKILL"; tail -5 "$WORK/kill_resumed.log"; }
+train "ref_30" "${B[@]}" --iterations 30 --trainers 2 --cache off --out "$WORK/ref_30" || fail "ref 30"
+same "SIGKILL in checkpoint 20, resumed from ckpt-10" "$WORK/kill_resumed" "$WORK/ref_30" 10
+if [[ ! -e "$ck/ckpt-30/MANIFEST" || -e "$ck/ckpt-20" && ! -e "$ck/ckpt-20/MANIFEST" ]]; then
+  fail "after the resume: $(ls "$ck" | tr '\n' ' ') (expected ckpt-20 rewritten or pruned, ckpt-30)"
+fi
+
+# --- refusals: message, non-zero exit, nothing overwritten ------------------------------------
+good="$WORK/ck_oracle_T2"
+latest=$(ls "$good" | sort -t- -k2 -n | tail -1)  # ckpt-24
+snapshot() {  # every file's checksum under the given directories
+  find "$@" -type f -exec md5sum {} + 2>/dev/null | sort
+}
+# refuse NAME REGEX ARGS...: train fails with REGEX and changes no file.
+refuse() {
+  local name=$1 regex=$2
+  shift 2
+  local out="$WORK/refused_out"
+  mkdir -p "$out"
+  echo '{"old": true}' >"$out/summary.json"
+  echo '{"iteration": 1}' >"$out/metrics.jsonl"
+  local before
+  before=$(snapshot "$out" "$WORK"/ck_*)
+  train "$name" --iterations $N --cache oracle --out "$out" --dump-params "$out" "$@"
+  local rc=$?
+  if [[ $rc -eq 0 ]]; then
+    fail "$name: succeeded (expected an error matching '$regex')"
+  elif ! grep -Eq -- "$regex" "$WORK/$name.log"; then
+    fail "$name: exit $rc, message does not match '$regex':"; tail -3 "$WORK/$name.log"
+  elif [[ "$before" != "$(snapshot "$out" "$WORK"/ck_*)" ]]; then
+    fail "$name: refused but changed files"
+  else
+    echo "ok   $name (exit $rc: $(grep -Em1 -- "$regex" "$WORK/$name.log" | cut -c1-160))"
+  fi
+}
+T2=("${B[@]}" --trainers 2)
+refuse option_dim "option --dim is 8 in the checkpoint and 16 here" --batch-size 256 --dim 16 \
+  --trainers 2 --resume "$good"
+refuse option_batch "option --batch-size is 256 in the checkpoint and 512 here" \
+  --resume "$good" --batch-size 512 --dim 8 --trainers 2
+refuse option_lr "option (dense|embedding) optimizer is .* in the checkpoint and .*0\.1.* here" \
+  "${T2[@]}" --resume "$good" --lr 0.1
+refuse option_trainers "option --trainers is 2 in the checkpoint and 1 here" \
+  "${B[@]}" --resume "$good" --trainers 1
+refuse another_job "holds another job's checkpoints: .*option --dim" \
+  --batch-size 256 --dim 16 --trainers 2 --checkpoint-dir "$good"
+refuse same_job_fresh "already holds checkpoints of this job" "${T2[@]}" --checkpoint-dir "$good"
+mkdir -p "$WORK/ck_foreign" && echo hi >"$WORK/ck_foreign/notes.txt"
+refuse foreign_files "holds files that are not checkpoints of this job \(e.g. 'notes.txt'\)" \
+  "${T2[@]}" --checkpoint-dir "$WORK/ck_foreign"
+refuse no_checkpoint "holds no complete checkpoint" "${T2[@]}" --resume "$WORK/ck_foreign"
+
+# Damaged copies of the good checkpoint: a flipped byte anywhere, a truncation, another format.
+damaged() {  # damaged NAME: a fresh copy of the latest checkpoint in $WORK/ck_dmg_NAME
+  rm -rf "$WORK/ck_dmg_$1"
+  mkdir -p "$WORK/ck_dmg_$1"
+  cp -r "$good/$latest" "$WORK/ck_dmg_$1/"
+  echo "$WORK/ck_dmg_$1/$latest"
+}
+for file in MANIFEST trainer.bin server-0-of-1.bin; do
+  size=$(stat -c %s "$good/$latest/$file")
+  for at in 0 9 20 $((size / 2)) $((size - 17)) $((size - 1)); do
+    c=$(damaged "${file}_$at")
+    python3 -c "
+import sys
+p, at = sys.argv[1], int(sys.argv[2])
+b = bytearray(open(p, 'rb').read()); b[at] ^= 0x10; open(p, 'wb').write(bytes(b))" "$c/$file" "$at"
+    refuse "flip_${file}_$at" "corrupt|truncated|damaged|is not a" "${T2[@]}" --resume "$c"
+  done
+done
+c=$(damaged truncated)
+truncate -s -100 "$c/server-0-of-1.bin"
+refuse truncated_shard "checkpoint shard .* is truncated or damaged" "${T2[@]}" --resume "$c"
+c=$(damaged version)
+python3 - "$c/MANIFEST" <<'EOF'
+import struct, sys
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+path = sys.argv[1]
+b = bytearray(open(path, 'rb').read())
+b[8:12] = struct.pack('<I', 99)  # another format version, with a valid checksum
+b[-8:-4] = struct.pack('<I', crc32c(bytes(b[:-16])))
+open(path, 'wb').write(bytes(b))
+EOF
+refuse other_version "has format version 99; this build reads version 1" "${T2[@]}" \
+  --resume "$c"
+
+# --- under mpirun: T = 2, S = 2 -----------------------------------------------------------------
+if [[ -n $MPIEXEC ]]; then
+  ref="$WORK/ref_T2S2"
+  train ref_T2S2 "${B[@]}" --iterations $N --trainers 2 --servers 2 --cache off --out "$ref" ||
+    fail "reference T=2 S=2"
+  for mode in oracle lru; do
+    ck="$WORK/mpi_ck_$mode"
+    if ! mpi_train "mpi_stop_$mode" 5 "${B[@]}" --iterations $K --servers 2 --cache "$mode" \
+        --checkpoint-dir "$ck" --checkpoint-every 4 --out "$WORK/mpi_stop_$mode"; then
+      fail "mpirun run to $K ($mode)"; tail -5 "$WORK/mpi_stop_$mode.log"; continue
+    fi
+    if [[ ! -e "$ck/ckpt-10/server-1-of-2.bin" ]]; then fail "mpirun: no shard of server 1"; fi
+    if ! mpi_train "mpi_resumed_$mode" 5 "${B[@]}" --iterations $N --servers 2 --cache "$mode" \
+        --resume "$ck" --out "$WORK/mpi_resumed_$mode"; then
+      fail "mpirun resume ($mode)"; tail -5 "$WORK/mpi_resumed_$mode.log"; continue
+    fi
+    same "mpirun T=2 S=2 --cache $mode: $N == $K + resumed" "$WORK/mpi_resumed_$mode" "$ref" $K
+  done
+  # SIGTERM to mpirun: Open MPI forwards it to every rank, which agree on one stop iteration,
+  # and kills them odls_base_sigkill_timeout seconds later (mpirun's own exit status is 1).
+  ck="$WORK/mpi_ck_term"
+  "$MPIEXEC" -np 5 --oversubscribe --mca odls_base_sigkill_timeout 3 "$BAGPIPE" train \
+    "${COMMON[@]}" "${S64[@]}" \
+    --iterations 1000000 --servers 2 --cache oracle --checkpoint-dir "$ck" \
+    --out "$WORK/mpi_term" >"$WORK/mpi_term.log" 2>&1 &
+  pid=$!
+  wait_for_metrics "$WORK/mpi_term"
+  kill -TERM $pid
+  wait $pid
+  rc=$?
+  S=$(stopped_at "$WORK/mpi_term.log")
+  if [[ -z $S ]]; then
+    fail "mpirun SIGTERM: exit $rc and no resume line:"; tail -8 "$WORK/mpi_term.log"
+  else
+    echo "ok   mpirun SIGTERM: exit $rc, $(grep -m1 'stopped by' "$WORK/mpi_term.log" | cut -c1-120)"
+    M=$((S + 20))
+    mpi_train mpi_term_resumed 5 "${S64[@]}" --iterations $M --servers 2 --cache lru \
+      --resume "$ck" --out "$WORK/mpi_term_resumed" || fail "mpirun resume after SIGTERM"
+    train ref_term_T2S2 "${S64[@]}" --iterations $M --trainers 2 --servers 2 --cache off \
+      --out "$WORK/ref_term_T2S2" || fail "reference T=2 S=2 after SIGTERM"
+    same "mpirun SIGTERM mid-run at $S, resumed to $M" "$WORK/mpi_term_resumed" \
+      "$WORK/ref_term_T2S2" "$S"
+  fi
+  # SIGUSR1 to mpirun: forwarded to every rank, and the job ends by itself (exit status 75).
+  "$MPIEXEC" -np 5 --oversubscribe "$BAGPIPE" train "${COMMON[@]}" "${S64[@]}" \
+    --iterations 1000000 --servers 2 --cache oracle --checkpoint-dir "$WORK/mpi_ck_usr1" \
+    --out "$WORK/mpi_usr1" >"$WORK/mpi_usr1.log" 2>&1 &
+  pid=$!
+  wait_for_metrics "$WORK/mpi_usr1"
+  kill -USR1 $pid
+  wait $pid
+  rc=$?
+  if [[ $rc -ne 75 ]] || ! grep -Eq "stopped by SIGUSR1 at iteration [0-9]+; resume" "$WORK/mpi_usr1.log" ||
+      [[ -z "$(ls "$WORK/mpi_ck_usr1")" ]]; then
+    fail "mpirun SIGUSR1: exit $rc"; tail -5 "$WORK/mpi_usr1.log"
+  else
+    echo "ok   mpirun SIGUSR1: exit 75, $(grep -Eo 'stopped by SIGUSR1 at iteration [0-9]+' "$WORK/mpi_usr1.log")"
+  fi
+  # SIGKILL of rank 0 in a checkpoint under mpirun.
+  ck="$WORK/mpi_ck_kill"
+  timeout 300 "$MPIEXEC" -np 5 --oversubscribe -x BAGPIPE_TEST_KILL_IN_CHECKPOINT=20 "$BAGPIPE" \
+    train "${COMMON[@]}" "${B[@]}" --iterations 30 --servers 2 --cache oracle --checkpoint-dir "$ck" \
+    --checkpoint-every 10 --out "$WORK/mpi_kill" >"$WORK/mpi_kill.log" 2>&1
+  if [[ ! -e "$ck/ckpt-10/MANIFEST" || -e "$ck/ckpt-20/MANIFEST" ]]; then
+    fail "mpirun SIGKILL in checkpoint 20: $(ls -R "$ck" | tr '\n' ' ')"
+  fi
+  mpi_train mpi_kill_resumed 5 "${B[@]}" --iterations 30 --servers 2 --cache oracle --resume "$ck" \
+    --out "$WORK/mpi_kill_resumed" || fail "mpirun resume after SIGKILL"
+  train ref_30_T2S2 "${B[@]}" --iterations 30 --trainers 2 --servers 2 --cache off \
+    --out "$WORK/ref_30_T2S2" || fail "reference 30 T=2 S=2"
+  same "mpirun SIGKILL in checkpoint 20, resumed from ckpt-10" "$WORK/mpi_kill_resumed" \
+    "$WORK/ref_30_T2S2" 10
+fi
+
+if [[ $failures -gt 0 ]]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all checks passed"

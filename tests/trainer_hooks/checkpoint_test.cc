@@ -1,0 +1,335 @@
+// Specifications of checkpoints (trainer_hooks/checkpoint.h, server/shard_file.h) and of the C++
+// job API's checkpoint options: a stop requested through JobOptions::stop_requested, resumed
+// with CheckpointOptions::resume, ends bit-identical to the uninterrupted job; the checkpoint
+// directory's rules; the manifest's and shards' refusals.
+#include "trainer_hooks/checkpoint.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/status.h"
+#include "data/synthetic.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/shard_file.h"
+#include "trainer_hooks/job.h"
+#include "trainer_hooks/param_dump.h"
+
+namespace bagpipe {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = ::testing::TempDir() + "/checkpoint_test_" + std::to_string(::getpid()) + "_" +
+            std::to_string(counter_++);
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  static inline int counter_ = 0;
+  std::string path_;
+};
+
+const nlohmann::json kIdentity = {{"--dim", 8}, {"--batch-size", 256}};
+
+// A complete checkpoint of `iteration` in `dir` with only a manifest (enough for the directory
+// rules).
+void FakeCheckpoint(const std::string& dir, Iteration iteration,
+                    const nlohmann::json& identity = kIdentity) {
+  const std::string path = dir + "/" + CheckpointName(iteration);
+  fs::create_directories(path);
+  CheckpointManifest manifest;
+  manifest.iteration = iteration;
+  manifest.identity = identity;
+  ASSERT_TRUE(WriteManifest(path, manifest).ok());
+}
+
+TEST(CheckpointIdentityTest, NamesTheOptionAndBothValues) {
+  EXPECT_TRUE(MatchIdentity(kIdentity, kIdentity, "ck").ok());
+  nlohmann::json other = kIdentity;
+  other["--dim"] = 16;
+  const absl::Status status = MatchIdentity(kIdentity, other, "ck/ckpt-10");
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("checkpoint ck/ckpt-10 does not match this job: option --dim is 8 in "
+                        "the checkpoint and 16 here"));
+  other = kIdentity;
+  other["--model"] = "dlrm";
+  EXPECT_THAT(std::string(MatchIdentity(kIdentity, other, "ck").message()),
+              HasSubstr("option --model is (not set) in the checkpoint and \"dlrm\" here"));
+}
+
+TEST(CheckpointDirTest, HoldsOnlyThisJobsCheckpoints) {
+  TempDir dir;
+  const std::string ck = dir / "ck";
+  EXPECT_TRUE(PrepareCheckpointDir(ck, kIdentity, false).ok());  // created
+  EXPECT_TRUE(fs::is_directory(ck));
+  std::ofstream(ck + "/.MANIFEST.tmp-1-0") << "left by a killed writer";
+  EXPECT_TRUE(PrepareCheckpointDir(ck, kIdentity, false).ok());
+  fs::create_directories(ck + "/ckpt-7");  // incomplete: does not exist as a checkpoint
+  EXPECT_TRUE(PrepareCheckpointDir(ck, kIdentity, false).ok());
+  FakeCheckpoint(ck, 10);
+  EXPECT_THAT(std::string(PrepareCheckpointDir(ck, kIdentity, false).message()),
+              HasSubstr("already holds checkpoints of this job (ckpt-10)"));
+  EXPECT_TRUE(PrepareCheckpointDir(ck, kIdentity, true).ok());
+  nlohmann::json other = kIdentity;
+  other["--batch-size"] = 512;
+  EXPECT_THAT(std::string(PrepareCheckpointDir(ck, other, true).message()),
+              HasSubstr("holds another job's checkpoints"));
+  std::ofstream(ck + "/notes.txt") << "x";
+  EXPECT_THAT(std::string(PrepareCheckpointDir(ck, kIdentity, true).message()),
+              HasSubstr("holds files that are not checkpoints of this job (e.g. 'notes.txt')"));
+}
+
+TEST(CheckpointDirTest, PruneKeepsTheNewestAndDropsIncompleteOnes) {
+  TempDir dir;
+  for (Iteration k : {10, 20, 30, 40}) FakeCheckpoint(dir.path(), k);
+  fs::create_directories(dir / "ckpt-35");  // a crashed write
+  fs::create_directories(dir / "ckpt-50");  // being written (newer than `newest`)
+  ASSERT_TRUE(PruneCheckpoints(dir.path(), 2, 40).ok());
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir.path())) left.push_back(e.path().filename());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"ckpt-30", "ckpt-40", "ckpt-50"}));
+  ASSERT_TRUE(PruneCheckpoints(dir.path(), 0, 40).ok());  // keep all
+  EXPECT_EQ(ListCheckpoints(dir.path()).size(), 2u);
+}
+
+TEST(CheckpointDirTest, ResumeFindsTheLatestCompleteOne) {
+  TempDir dir;
+  EXPECT_EQ(ResolveCheckpoint(dir.path()).status().code(), absl::StatusCode::kNotFound);
+  FakeCheckpoint(dir.path(), 9);
+  FakeCheckpoint(dir.path(), 10);
+  fs::create_directories(dir / "ckpt-11");  // no manifest: does not exist
+  auto latest = ResolveCheckpoint(dir.path());
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(fs::path(*latest).filename(), "ckpt-10");
+  auto named = ResolveCheckpoint(dir / "ckpt-9");
+  ASSERT_TRUE(named.ok());
+  EXPECT_EQ(*named, dir / "ckpt-9");
+}
+
+TEST(CheckpointFilesTest, ManifestRoundTripAndVersionRefusal) {
+  TempDir dir;
+  CheckpointManifest m;
+  m.iteration = 42;
+  m.identity = kIdentity;
+  m.stream = {42, 10752, 1, 0xdeadbeef};
+  m.every = 7;
+  m.files = {{"trainer.bin", {100, 5}}, {"server-0-of-1.bin", {2000, 6}}};
+  ASSERT_TRUE(WriteManifest(dir.path(), m).ok());
+  auto back = ReadManifest(dir.path());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->iteration, 42);
+  EXPECT_EQ(back->identity, kIdentity);
+  EXPECT_EQ(back->stream, m.stream);
+  EXPECT_EQ(back->every, 7);
+  ASSERT_NE(back->Find("server-0-of-1.bin"), nullptr);
+  EXPECT_EQ(back->Find("server-0-of-1.bin")->digest, (FileDigest{2000, 6}));
+  // A manifest of another format version (valid checksum) is refused by version.
+  ASSERT_TRUE(
+      WriteChecksummedFile(dir / "MANIFEST", "BPCKMANI", kCheckpointFormatVersion + 1, "{}").ok());
+  EXPECT_THAT(std::string(ReadManifest(dir.path()).status().message()),
+              HasSubstr("has format version 2; this build reads version 1"));
+}
+
+TEST(CheckpointFilesTest, ShardRoundTripAndRefusals) {
+  TempDir dir;
+  const RowInitializer init(3, 4, 4, 0.1f, {100, 50});
+  RowStore store(init);
+  for (RowId row : {3, 7, 120, 149}) store.GetOrCreate(row)[0] = static_cast<float>(row);
+  auto digest = WriteShard(dir / "s", store, {1, 2, 30});
+  ASSERT_TRUE(digest.ok()) << digest.status();
+  RowStore loaded(init);
+  ASSERT_TRUE(LoadShard(dir / "s", {1, 2, 30}, &*digest, &loaded).ok());
+  EXPECT_EQ(loaded.size(), 4);
+  for (RowId row : {3, 7, 120, 149}) {
+    ASSERT_NE(loaded.Find(row), nullptr);
+    EXPECT_EQ(std::memcmp(loaded.Find(row), store.Find(row), 8 * sizeof(float)), 0);
+  }
+  RowStore other(init);
+  EXPECT_THAT(std::string(LoadShard(dir / "s", {0, 2, 30}, nullptr, &other).message()),
+              HasSubstr("has server 1, this job expects 0"));
+  EXPECT_THAT(std::string(LoadShard(dir / "s", {1, 2, 31}, nullptr, &other).message()),
+              HasSubstr("has iteration 30, this job expects 31"));
+  const FileDigest wrong{digest->bytes, digest->crc32c ^ 1};
+  EXPECT_THAT(std::string(LoadShard(dir / "s", {1, 2, 30}, &wrong, &other).message()),
+              HasSubstr("is not the one its manifest names"));
+  RowStore sgd(RowInitializer(3, 4, 0, 0.0f, {100, 50}));
+  EXPECT_THAT(std::string(LoadShard(dir / "s", {1, 2, 30}, nullptr, &sgd).message()),
+              HasSubstr("record_floats (embedding dim + optimizer state) 8, this job expects 4"));
+}
+
+// --- the C++ job API ----------------------------------------------------------------------------
+
+constexpr int kDim = 4;
+constexpr char kData[] = "samples=6400,rows=400/60/1500/9,dense=2,alpha=1.1,pooling=1-3,seed=3";
+
+// Logistic regression over the pooled embeddings whose dense weights are its LoopState.
+absl::Status LogisticLoop(Trainer& trainer, int tables, TrainerOutcome* outcome) {
+  std::vector<float> w(tables * kDim, 0.05f);
+  LoopState state;
+  state.save = [&]() -> absl::StatusOr<std::string> {
+    return std::string(reinterpret_cast<const char*>(w.data()), w.size() * sizeof(float));
+  };
+  state.restore = [&](std::string_view bytes) -> absl::Status {
+    if (bytes.size() != w.size() * sizeof(float)) return absl::DataLossError("size");
+    std::memcpy(w.data(), bytes.data(), bytes.size());
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(trainer.SetLoopState(state));
+  std::vector<float> grad_w(w.size()), pooled_grad;
+  LocalBatch batch;
+  const size_t width = static_cast<size_t>(tables) * kDim;
+  while (true) {
+    ASSIGN_OR_RETURN(bool more, trainer.BeginIteration(&batch));
+    if (!more) break;
+    ASSIGN_OR_RETURN(const float* pooled, trainer.LookupPooled());  // CPU: host memory
+    pooled_grad.assign(static_cast<size_t>(batch.num_samples) * width, 0.0f);
+    std::fill(grad_w.begin(), grad_w.end(), 0.0f);
+    const float scale = 1.0f / static_cast<float>(batch.global_batch_size);
+    for (int s = 0; s < batch.num_samples; ++s) {
+      float logit = 0;
+      for (size_t k = 0; k < width; ++k) logit += w[k] * pooled[s * width + k];
+      const float d = (1.0f / (1.0f + std::exp(-logit)) - batch.labels_host[s]) * scale;
+      for (size_t k = 0; k < width; ++k) {
+        pooled_grad[s * width + k] = d * w[k];
+        grad_w[k] += d * pooled[s * width + k];
+      }
+    }
+    RETURN_IF_ERROR(trainer.AllReduce(grad_w.data(), grad_w.size()));
+    for (size_t k = 0; k < w.size(); ++k) w[k] -= 0.5f * grad_w[k];
+    RETURN_IF_ERROR(trainer.EndIteration(pooled_grad.data()));
+  }
+  RETURN_IF_ERROR(trainer.Flush());
+  outcome->dense_parameters = w;
+  return absl::OkStatus();
+}
+
+struct JobRun {
+  absl::Status status;
+  std::string sha;
+  JobResult result;
+};
+
+// `stop_after`: polls of stop_requested after which it says SIGTERM (-1: never).
+JobRun Train(const std::string& policy, int trainers, int iterations, CheckpointOptions checkpoint,
+          int stop_after = -1) {
+  JobRun run;
+  auto config = ParseSyntheticConfig(kData);
+  auto source = OpenSynthetic(*config, SourceOptions{});
+  const Schema schema = (*source)->schema();
+  auto stream = std::make_unique<BatchStream>(std::move(*source),
+                                              BatchStream::Options{64, /*epochs=*/0, false});
+  JobOptions options;
+  options.layout = {2, trainers};
+  options.peer_timeout = absl::Seconds(60);
+  options.trainer.dim = kDim;
+  options.trainer.sparse_optimizer = {OptimizerKind::kAdagrad, 0.3f, 1e-8f, 0.1f};
+  options.trainer.policy = *ParseCachePolicy(policy);
+  options.trainer.cache_rows = 600;
+  options.trainer.initializer = RowInitializer(
+      11, kDim, StateFloatsPerRow(OptimizerKind::kAdagrad, kDim), 0.1f, schema.table_rows);
+  options.oracle.planner.schema = schema;
+  options.oracle.planner.num_trainers = trainers;
+  options.oracle.planner.capacity = 600;
+  options.oracle.planner.lookahead = 5;
+  options.oracle.planner.policy = options.trainer.policy;
+  options.oracle.max_iterations = iterations;
+  options.checkpoint = std::move(checkpoint);
+  // stop_requested is polled by every role at its boundaries: say SIGTERM after `stop_after`
+  // polls, somewhere in the middle of the run.
+  std::atomic<int> polls{0};
+  if (stop_after >= 0) {
+    options.stop_requested = [&polls, stop_after] {
+      return polls.fetch_add(1) >= stop_after ? SIGTERM : 0;
+    };
+  }
+  auto writer = ParamWriter::Create("", {}, RecordFloats(OptimizerKind::kAdagrad, kDim));
+  ParamSink sink;
+  sink.dense = [&](const std::vector<float>& dense) { return (*writer)->AddDense(dense); };
+  sink.row = [&](RowId row, const float* record) { return (*writer)->AddRow(row, record); };
+  const int tables = schema.num_tables();
+  run.status = RunEmbeddedJob(
+      options, std::move(stream), nullptr,
+      [&](Trainer& trainer, TrainerOutcome* outcome) {
+        return LogisticLoop(trainer, tables, outcome);
+      },
+      sink, &run.result);
+  if (run.status.ok()) run.sha = *(*writer)->Finish();
+  return run;
+}
+
+TEST(CheckpointJobTest, RunStoppedAndResumedEqualsTheUninterruptedRun) {
+  TempDir dir;
+  const JobRun reference = Train("off", 2, 60, {});
+  ASSERT_TRUE(reference.status.ok()) << reference.status;
+
+  // A run to 25 with a checkpoint every 10 (10, 20, and 25 at the end), resumed to 60.
+  CheckpointOptions first;
+  first.dir = dir / "ck";
+  first.every = 10;
+  const JobRun stopped = Train("oracle", 2, 25, first);
+  ASSERT_TRUE(stopped.status.ok()) << stopped.status;
+  EXPECT_EQ(stopped.result.oracle.checkpoint.written, 3);
+  EXPECT_EQ(ListCheckpoints(first.dir).size(), 2u);  // keep = 2
+  EXPECT_EQ(stopped.result.trainers[0].stats.checkpoints, 3);
+
+  CheckpointOptions resume = first;
+  resume.resume = first.dir;
+  const JobRun resumed = Train("lru", 2, 60, resume);
+  ASSERT_TRUE(resumed.status.ok()) << resumed.status;
+  EXPECT_EQ(resumed.result.oracle.checkpoint.first_iteration, 25);
+  EXPECT_EQ(resumed.result.oracle.iterations, 35);
+  EXPECT_GT(resumed.result.trainers[0].stats.fills, 0);
+  EXPECT_EQ(resumed.sha, reference.sha);
+}
+
+TEST(CheckpointJobTest, StopRequestedMidRunThenResumedEqualsTheUninterruptedRun) {
+  TempDir dir;
+  const JobRun reference = Train("off", 2, 60, {});
+  ASSERT_TRUE(reference.status.ok()) << reference.status;
+  CheckpointOptions checkpoint;
+  checkpoint.dir = dir / "ck";
+  const JobRun stopped = Train("oracle", 2, 60, checkpoint, /*stop_after=*/60);
+  ASSERT_TRUE(stopped.status.ok()) << stopped.status;
+  const Iteration at = stopped.result.oracle.stopped_at;
+  EXPECT_GT(at, 0);
+  EXPECT_LT(at, 60);
+  EXPECT_EQ(stopped.result.oracle.checkpoint.written, 1);
+  EXPECT_EQ(stopped.result.oracle.checkpoint.last, checkpoint.dir + "/" + CheckpointName(at));
+  EXPECT_TRUE(stopped.result.trainers[0].dense_parameters.size() > 0);
+  CheckpointOptions resume = checkpoint;
+  resume.resume = checkpoint.dir;
+  const JobRun resumed = Train("oracle", 2, 60, resume);
+  ASSERT_TRUE(resumed.status.ok()) << resumed.status;
+  EXPECT_EQ(resumed.result.oracle.checkpoint.first_iteration, at);
+  EXPECT_EQ(resumed.sha, reference.sha);
+}
+
+TEST(CheckpointJobTest, StopRequestedBeforeTheFirstBatchSavesNothing) {
+  TempDir dir;
+  CheckpointOptions checkpoint;
+  checkpoint.dir = dir / "ck";
+  const JobRun early = Train("oracle", 1, 60, checkpoint, /*stop_after=*/0);
+  ASSERT_TRUE(early.status.ok()) << early.status;
+  EXPECT_EQ(early.result.oracle.stopped_at, 0);
+  EXPECT_EQ(early.result.oracle.stop_signal, SIGTERM);
+  EXPECT_EQ(early.result.oracle.checkpoint.written, 0);
+}
+
+}  // namespace
+}  // namespace bagpipe

@@ -1,0 +1,455 @@
+#include "trainer_hooks/checkpoint.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/crc32c.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "core/timer.h"
+#include "core/tunables.h"
+#include "sync/protocol.h"
+
+namespace bagpipe {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kManifestMagic[] = "BPCKMANI";
+constexpr char kLoopStateMagic[] = "BPCKLOOP";
+constexpr absl::string_view kCheckpointPrefix = "ckpt-";
+
+// The iteration of a "ckpt-K" name, or -1.
+Iteration ParseCheckpointName(absl::string_view name) {
+  if (!absl::StartsWith(name, kCheckpointPrefix)) return -1;
+  Iteration iteration = -1;
+  const absl::string_view digits = name.substr(kCheckpointPrefix.size());
+  if (digits.empty() || !absl::SimpleAtoi(digits, &iteration) || iteration < 0) return -1;
+  return iteration;
+}
+
+bool IsTemporary(absl::string_view name) {
+  return absl::StartsWith(name, ".") && absl::StrContains(name, ".tmp-");
+}
+
+std::string Show(const nlohmann::json& value) {
+  return value.is_null() ? std::string("(not set)") : value.dump();
+}
+
+nlohmann::json StreamJson(const StreamPosition& s) {
+  return {{"batches", s.batches},
+          {"samples", s.samples},
+          {"epoch", s.epoch},
+          {"last_batch_crc32c", s.last_batch_crc32c}};
+}
+
+// Removes a checkpoint directory: its manifest first, so that it stops existing at once.
+absl::Status RemoveCheckpoint(const std::string& path) {
+  std::error_code error;
+  fs::remove(fs::path(path) / kManifestName, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot remove checkpoint '", path, "': ", error.message()));
+  }
+  fs::remove_all(path, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot remove checkpoint '", path, "': ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+uint32_t BatchCrc32c(const Batch& batch) {
+  uint32_t crc = 0;
+  crc = ExtendCrc32c(crc, batch.labels.data(), batch.labels.size() * sizeof(float));
+  crc = ExtendCrc32c(crc, batch.dense.data(), batch.dense.size() * sizeof(float));
+  crc = ExtendCrc32c(crc, batch.offsets.data(), batch.offsets.size() * sizeof(int64_t));
+  crc = ExtendCrc32c(crc, batch.ids.data(), batch.ids.size() * sizeof(int64_t));
+  return crc;
+}
+
+const CheckpointFile* CheckpointManifest::Find(std::string_view name) const {
+  for (const CheckpointFile& file : files) {
+    if (file.name == name) return &file;
+  }
+  return nullptr;
+}
+
+std::string CheckpointName(Iteration iteration) {
+  return absl::StrCat(kCheckpointPrefix, iteration);
+}
+
+std::string ShardName(int server, int servers) {
+  return absl::StrCat("server-", server, "-of-", servers, ".bin");
+}
+
+std::vector<std::pair<Iteration, std::string>> ListCheckpoints(const std::string& dir) {
+  std::vector<std::pair<Iteration, std::string>> list;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const Iteration iteration = ParseCheckpointName(entry.path().filename().string());
+    if (iteration < 0 || !fs::exists(entry.path() / kManifestName, error)) continue;
+    list.emplace_back(iteration, entry.path().string());
+  }
+  std::sort(list.begin(), list.end());
+  return list;
+}
+
+absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
+  std::error_code error;
+  if (!fs::is_directory(path, error)) {
+    return absl::NotFoundError(absl::StrCat("--resume ", path, ": no such directory"));
+  }
+  if (fs::exists(fs::path(path) / kManifestName, error)) return path;
+  const auto list = ListCheckpoints(path);
+  if (list.empty()) {
+    return absl::NotFoundError(absl::StrCat("--resume ", path,
+                                            ": holds no complete checkpoint (a ckpt-K directory "
+                                            "with a MANIFEST)"));
+  }
+  return list.back().second;
+}
+
+absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& checkpoint) {
+  ASSIGN_OR_RETURN(ChecksummedFile file,
+                   ChecksummedFile::Open((fs::path(checkpoint) / kManifestName).string(),
+                                         std::string_view(kManifestMagic, 8),
+                                         kCheckpointFormatVersion, "checkpoint manifest"));
+  const nlohmann::json j = nlohmann::json::parse(file.payload(), nullptr, false);
+  auto bad = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat("checkpoint manifest '", file.path(), "': ", why));
+  };
+  if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+  CheckpointManifest m;
+  try {
+    m.iteration = j.at("iteration").get<Iteration>();
+    m.identity = j.at("identity");
+    const nlohmann::json& s = j.at("stream");
+    m.stream.batches = s.at("batches").get<int64_t>();
+    m.stream.samples = s.at("samples").get<int64_t>();
+    m.stream.epoch = s.at("epoch").get<int>();
+    m.stream.last_batch_crc32c = s.at("last_batch_crc32c").get<uint32_t>();
+    m.every = j.value("every", int64_t{0});
+    for (const nlohmann::json& f : j.at("files")) {
+      m.files.push_back(
+          {f.at("name").get<std::string>(),
+           FileDigest{f.at("bytes").get<uint64_t>(), f.at("crc32c").get<uint32_t>()}});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return bad(e.what());
+  }
+  return m;
+}
+
+absl::Status WriteManifest(const std::string& checkpoint, const CheckpointManifest& m) {
+  nlohmann::json files = nlohmann::json::array();
+  for (const CheckpointFile& f : m.files) {
+    files.push_back({{"name", f.name}, {"bytes", f.digest.bytes}, {"crc32c", f.digest.crc32c}});
+  }
+  const nlohmann::json j = {{"format_version", kCheckpointFormatVersion},
+                            {"iteration", m.iteration},
+                            {"identity", m.identity},
+                            {"stream", StreamJson(m.stream)},
+                            {"every", m.every},
+                            {"files", files}};
+  return WriteChecksummedFile((fs::path(checkpoint) / kManifestName).string(),
+                              std::string_view(kManifestMagic, 8), kCheckpointFormatVersion,
+                              j.dump(2))
+      .status();
+}
+
+absl::Status MatchIdentity(const nlohmann::json& checkpoint, const nlohmann::json& job,
+                           std::string_view checkpoint_view) {
+  const std::string checkpoint_path(checkpoint_view);
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : checkpoint.items()) keys.push_back(key);
+  for (const auto& [key, value] : job.items()) {
+    if (!checkpoint.contains(key)) keys.push_back(key);
+  }
+  std::vector<std::string> differences;
+  for (const std::string& key : keys) {
+    const nlohmann::json theirs = checkpoint.contains(key) ? checkpoint[key] : nlohmann::json();
+    const nlohmann::json ours = job.contains(key) ? job[key] : nlohmann::json();
+    if (theirs != ours) {
+      differences.push_back(absl::StrFormat("option %s is %s in the checkpoint and %s here", key,
+                                            Show(theirs), Show(ours)));
+    }
+  }
+  if (differences.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("checkpoint ", checkpoint_path, " does not match this job: ",
+                   absl::StrJoin(differences, "; "), " (they must be the same to resume)"));
+}
+
+nlohmann::json CheckpointIdentity(const JobLayout& layout, int dim, const nlohmann::json& optimizer,
+                                  uint64_t seed, const std::vector<int64_t>& table_rows) {
+  return {{"--trainers", layout.trainers},
+          {"--servers", layout.servers},
+          {"--dim", dim},
+          {"--seed", seed},
+          {"embedding optimizer", optimizer},
+          {"table sizes", table_rows}};
+}
+
+absl::Status PrepareCheckpointDir(const std::string& dir, const nlohmann::json& identity,
+                                  bool resuming) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint-dir ", dir, ": cannot create: ", error.message()));
+  }
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (IsTemporary(name)) continue;
+    if (ParseCheckpointName(name) < 0 || !entry.is_directory()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--checkpoint-dir ", dir, " holds files that are not checkpoints of this job (e.g. '",
+          name, "'); use an empty or new directory"));
+    }
+    if (!fs::exists(entry.path() / kManifestName, error)) continue;  // incomplete: not ours?
+    auto manifest = ReadManifest(entry.path().string());
+    if (!manifest.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--checkpoint-dir ", dir, " holds a checkpoint this job cannot read (",
+                       manifest.status().message(), "); use another directory"));
+    }
+    absl::Status same = MatchIdentity(manifest->identity, identity, entry.path().string());
+    if (!same.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--checkpoint-dir ", dir, " holds another job's checkpoints: ", same.message(),
+          "; use another directory"));
+    }
+    if (!resuming) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--checkpoint-dir ", dir, " already holds checkpoints of this job (", name,
+                       "); continue it with --resume ", dir,
+                       ", or use another directory (a new run never "
+                       "overwrites checkpoints)"));
+    }
+  }
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint-dir ", dir, ": cannot list: ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PruneCheckpoints(const std::string& dir, int keep, Iteration newest) {
+  std::error_code error;
+  std::vector<std::pair<Iteration, std::string>> incomplete;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const Iteration iteration = ParseCheckpointName(entry.path().filename().string());
+    if (iteration >= 0 && iteration < newest && !fs::exists(entry.path() / kManifestName, error)) {
+      incomplete.emplace_back(iteration, entry.path().string());
+    }
+  }
+  for (const auto& [iteration, path] : incomplete) RETURN_IF_ERROR(RemoveCheckpoint(path));
+  if (keep > 0) {
+    const auto complete = ListCheckpoints(dir);
+    for (size_t k = 0; k + keep < complete.size(); ++k) {
+      RETURN_IF_ERROR(RemoveCheckpoint(complete[k].second));
+    }
+  }
+  return SyncDirectory(dir);
+}
+
+absl::StatusOr<FileDigest> WriteLoopStateFile(const std::string& path, std::string_view state) {
+  return WriteChecksummedFile(path, std::string_view(kLoopStateMagic, 8), kCheckpointFormatVersion,
+                              state);
+}
+
+absl::StatusOr<std::string> ReadLoopStateFile(const std::string& path, const FileDigest& expected) {
+  ASSIGN_OR_RETURN(ChecksummedFile file,
+                   ChecksummedFile::Open(path, std::string_view(kLoopStateMagic, 8),
+                                         kCheckpointFormatVersion, "checkpoint loop state"));
+  if (!(file.digest() == expected)) {
+    return absl::DataLossError(absl::StrFormat(
+        "checkpoint loop state '%s' is not the one its manifest names: %d bytes with CRC32C "
+        "%08x, the manifest says %d bytes with CRC32C %08x",
+        path, file.digest().bytes, file.digest().crc32c, expected.bytes, expected.crc32c));
+  }
+  return std::string(file.payload());
+}
+
+nlohmann::json CheckpointStats::ToJson() const {
+  return {{"first_iteration", first_iteration},
+          {"resumed_from", resumed_from},
+          {"written", written},
+          {"seconds", seconds},
+          {"max_seconds", max_seconds},
+          {"last_bytes", last_bytes},
+          {"last", last}};
+}
+
+// --- rank 0 -------------------------------------------------------------------------------------
+
+CheckpointCoordinator::CheckpointCoordinator(Transport& transport, const JobLayout& layout,
+                                             CheckpointOptions options, absl::Duration timeout)
+    : transport_(transport), layout_(layout), options_(std::move(options)), timeout_(timeout) {}
+
+absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(BatchStream& train) {
+  Start start;
+  if (!options_.resume.empty()) {
+    ASSIGN_OR_RETURN(const std::string path, ResolveCheckpoint(options_.resume));
+    ASSIGN_OR_RETURN(const CheckpointManifest manifest, ReadManifest(path));
+    RETURN_IF_ERROR(MatchIdentity(manifest.identity, options_.identity, path));
+    const CheckpointFile* loop = manifest.Find(kLoopStateName);
+    if (loop == nullptr) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint manifest of ", path, " names no ", kLoopStateName));
+    }
+    ASSIGN_OR_RETURN(start.loop_state,
+                     ReadLoopStateFile((fs::path(path) / kLoopStateName).string(), loop->digest));
+    // Every server loads (and verifies) its shard; the first failure aborts the job.
+    for (int s = 0; s < layout_.servers; ++s) {
+      const std::string name = ShardName(s, layout_.servers);
+      const CheckpointFile* shard = manifest.Find(name);
+      if (shard == nullptr) {
+        return absl::DataLossError(
+            absl::StrCat("checkpoint manifest of ", path, " names no ", name));
+      }
+      ShardRequest request;
+      request.iteration = manifest.iteration;
+      request.path = (fs::path(path) / name).string();
+      request.bytes = shard->digest.bytes;
+      request.crc32c = shard->digest.crc32c;
+      RETURN_IF_ERROR(
+          transport_.Send(layout_.server_rank(s), kTagControl,
+                          EncodeControl(ControlKind::kRestore, EncodeShardRequest(request))));
+    }
+    // Meanwhile, the stream is read up to the checkpoint (dictionaries rebuild the same ids).
+    Batch batch;
+    StreamPosition position;
+    while (position.batches < manifest.stream.batches) {
+      ASSIGN_OR_RETURN(const bool got, train.Next(&batch));
+      if (!got) break;
+      ++position.batches;
+      position.samples += batch.num_samples;
+      position.last_batch_crc32c = BatchCrc32c(batch);
+    }
+    position.epoch = train.epoch();
+    if (!(position == manifest.stream)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "checkpoint %s does not match this job's data: it was taken after %d batches (%d "
+          "samples, epoch %d, last batch CRC32C %08x); this job's data gives %d batches (%d "
+          "samples, epoch %d, CRC32C %08x) — a different dataset, order or --batch-size",
+          path, manifest.stream.batches, manifest.stream.samples, manifest.stream.epoch,
+          manifest.stream.last_batch_crc32c, position.batches, position.samples, position.epoch,
+          position.last_batch_crc32c));
+    }
+    for (int s = 0; s < layout_.servers; ++s) {
+      ASSIGN_OR_RETURN(Message message,
+                       transport_.Receive(layout_.server_rank(s), kTagControl, timeout_));
+      ControlKind kind;
+      Bytes body;
+      RETURN_IF_ERROR(DecodeControl(message.payload, &kind, &body));
+      if (kind != ControlKind::kShardDone) {
+        return absl::DataLossError(absl::StrCat("expected server ", s, "'s shard to be loaded"));
+      }
+    }
+    start.iteration = manifest.iteration;
+    start.stream = position;
+    stats_.first_iteration = start.iteration;
+    stats_.resumed_from = path;
+    last_written_ = start.iteration;
+    BAGPIPE_LOG(INFO) << "resumed from " << path << " at iteration " << start.iteration;
+  }
+  if (writes()) {
+    RETURN_IF_ERROR(
+        PrepareCheckpointDir(options_.dir, options_.identity, !options_.resume.empty()));
+  }
+  return start;
+}
+
+absl::StatusOr<std::string> CheckpointCoordinator::Write(Iteration iteration,
+                                                         const StreamPosition& stream) {
+  Stopwatch watch;
+  const std::string path = (fs::path(options_.dir) / CheckpointName(iteration)).string();
+  std::error_code error;
+  // A checkpoint of this iteration from an earlier run (complete or not) is replaced: it stops
+  // existing before any of its files changes.
+  if (fs::exists(path, error)) RETURN_IF_ERROR(RemoveCheckpoint(path));
+  fs::create_directories(path, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create checkpoint directory '", path, "': ", error.message()));
+  }
+  RETURN_IF_ERROR(SyncDirectory(options_.dir));
+  for (int s = 0; s < layout_.servers; ++s) {
+    ShardRequest request;
+    request.iteration = iteration;
+    request.path = (fs::path(path) / ShardName(s, layout_.servers)).string();
+    RETURN_IF_ERROR(
+        transport_.Send(layout_.server_rank(s), kTagControl,
+                        EncodeControl(ControlKind::kCheckpoint, EncodeShardRequest(request))));
+  }
+  CheckpointManifest manifest;
+  manifest.iteration = iteration;
+  manifest.identity = options_.identity;
+  manifest.stream = stream;
+  manifest.every = options_.every;
+  {
+    ASSIGN_OR_RETURN(Message message,
+                     transport_.Receive(layout_.trainer_rank(0), kTagCheckpoint, timeout_));
+    WireReader r(message.payload, "trainer 0's loop state");
+    Iteration theirs = -1;
+    std::string state;
+    RETURN_IF_ERROR(r.Get(&theirs));
+    RETURN_IF_ERROR(r.GetString(&state));
+    RETURN_IF_ERROR(r.ExpectDone());
+    if (theirs != iteration) {
+      return absl::InternalError(absl::StrCat("trainer 0 sent the loop state of iteration ", theirs,
+                                              " for checkpoint ", iteration));
+    }
+    ASSIGN_OR_RETURN(const FileDigest digest,
+                     WriteLoopStateFile((fs::path(path) / kLoopStateName).string(), state));
+    manifest.files.push_back({kLoopStateName, digest});
+  }
+  for (int s = 0; s < layout_.servers; ++s) {
+    ASSIGN_OR_RETURN(Message message,
+                     transport_.Receive(layout_.server_rank(s), kTagControl, timeout_));
+    ControlKind kind;
+    Bytes body;
+    RETURN_IF_ERROR(DecodeControl(message.payload, &kind, &body));
+    if (kind != ControlKind::kShardDone) {
+      return absl::DataLossError(absl::StrCat("expected server ", s, "'s checkpoint shard"));
+    }
+    ASSIGN_OR_RETURN(const ShardReply reply, DecodeShardReply(body));
+    manifest.files.push_back({ShardName(s, layout_.servers), {reply.bytes, reply.crc32c}});
+  }
+  if (TestKillInCheckpoint() == iteration) {
+    BAGPIPE_LOG(WARNING) << "BAGPIPE_TEST_KILL_IN_CHECKPOINT: killing rank 0 before the manifest "
+                            "of checkpoint "
+                         << iteration;
+    ::raise(SIGKILL);
+  }
+  RETURN_IF_ERROR(WriteManifest(path, manifest));
+  RETURN_IF_ERROR(SyncDirectory(path));
+  last_written_ = iteration;
+  RETURN_IF_ERROR(PruneCheckpoints(options_.dir, options_.keep, iteration));
+  const double seconds = watch.Seconds();
+  uint64_t bytes = 0;
+  for (const CheckpointFile& file : manifest.files) bytes += file.digest.bytes;
+  ++stats_.written;
+  stats_.seconds += seconds;
+  stats_.max_seconds = std::max(stats_.max_seconds, seconds);
+  stats_.last_bytes = bytes;
+  stats_.last = path;
+  BAGPIPE_LOG(INFO) << absl::StrFormat("checkpoint %s: %.1f MB in %.2f s", path, bytes / 1e6,
+                                       seconds);
+  return path;
+}
+
+}  // namespace bagpipe

@@ -1,0 +1,200 @@
+// Checkpoints: a Bagpipe job saves its whole training state at an iteration boundary and a later
+// job resumes from it, continuing bit for bit (with --deterministic) as if never interrupted.
+//
+// The consistent cut. A checkpoint of iteration K holds the state after iterations 0..K-1:
+//  - every embedding row with its optimizer state, in the servers' shards. The cut *drains*
+//    the trainers' caches first: the oracle ends its planning window at K (no batch >= K is
+//    planned before the cut), sends every trainer a kCheckpoint plan (the planner's Drain:
+//    every dirty cached row is written back by exactly one owner, stamped K), and each server
+//    writes its shard once every trainer's write-backs up to K are in. Training then goes on
+//    with a fresh planner from batch K — exactly what a resumed job does — and the caches
+//    refill. The alternative, saving each trainer's cache contents beside the servers' rows,
+//    was rejected: replicas of shared rows would be saved several times and could differ while
+//    background exchanges are in flight, a resume would have to merge the newest copy of every
+//    row back into the shards (or rebuild the planner's residency, slot and stamp state
+//    exactly), and the files would depend on the cache mode. Draining makes the checkpoint the
+//    servers' rows only — the state every cache mode agrees on (DESIGN.md, consistency
+//    contract), so a job may even resume with another --cache — at the price of one cold cache
+//    after each checkpoint (bench/RESULTS.md measures it).
+//  - the dense parameters, the dense optimizer state and the loop's counters: the training
+//    loop's LoopState (trainer_hooks/trainer.h), saved by trainer 0 (every trainer holds the
+//    same replica) and restored on every trainer.
+//  - the data stream position: batches and samples consumed, the epoch, and a CRC32C of the last
+//    batch consumed. A resumed job reads the stream again up to K (so dictionary-encoded
+//    sources rebuild the same ids) and checks all four.
+//  - RNGs: none carry state across iterations. Row initial values are a pure function of (seed,
+//    row) (core/row_init.h), the synthetic source derives every sample from (seed, position),
+//    the dense model draws its initial parameters once from the seed (then they are saved).
+//  - the options that must match: `identity` (tables and their sizes, dim, optimizer and its
+//    hyper-parameters, trainers, servers, seed, and whatever the caller adds: batch size, the
+//    dense model...). A mismatch names the option and both values. Options that do not change
+//    the training (the cache mode and size, lookahead, prefetch depth, --iterations) may differ.
+//
+// Files. DIR/ckpt-K/ holds MANIFEST (written last: a checkpoint without it does not exist),
+// trainer.bin (the loop state, written by rank 0) and server-S-of-N.bin (one per server,
+// written by that server: under mpirun each server rank writes its own shard, so DIR must be
+// on a file system every server rank reaches, and rank 0 writes the manifest). Every file is a
+// checksummed file (core/atomic_file.h: format version, CRC32C, written to a temporary name,
+// fsynced, renamed); the manifest records every other file's size and CRC32C. Older
+// checkpoints are removed only after a newer one is complete, down to the newest `keep`.
+//
+// A stop (SIGINT/SIGTERM, JobOptions::stop_requested, or a stop request from any rank) ends the
+// planning window where it stands: the iterations already read into it run (at most the
+// lookahead plus two), then the cut, the checkpoint (when a directory is set), and the job ends
+// without evaluation.
+//
+// Thread-safety: functions are independent; a CheckpointCoordinator is used by the oracle
+// thread only.
+#ifndef BAGPIPE_TRAINER_HOOKS_CHECKPOINT_H_
+#define BAGPIPE_TRAINER_HOOKS_CHECKPOINT_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/atomic_file.h"
+#include "core/types.h"
+#include "data/batch.h"
+#include "data/source.h"
+#include "nlohmann/json.hpp"
+#include "sync/roles.h"
+#include "sync/transport.h"
+
+namespace bagpipe {
+
+inline constexpr uint32_t kCheckpointFormatVersion = 1;
+
+struct CheckpointOptions {
+  // Where checkpoints go ("": none). Created if missing.
+  std::string dir;
+  // A checkpoint every this many iterations (at multiples of it); 0: only at the end of
+  // training and at a stop. With a directory, the end of training always writes one.
+  int64_t every = 0;
+  // Complete checkpoints kept (the newest); 0 keeps all.
+  int keep = 2;
+  // "": a fresh start. Else a checkpoint (DIR/ckpt-K) or a directory of checkpoints (its
+  // latest complete one) to resume from.
+  std::string resume;
+  // Options that must match on resume, name -> value (names as the command-line flags). The
+  // job adds its own (CheckpointIdentity); the caller adds what only it knows.
+  nlohmann::json identity = nlohmann::json::object();
+};
+
+// Where a job stands in its training stream.
+struct StreamPosition {
+  int64_t batches = 0;  // global batches consumed (= iterations)
+  int64_t samples = 0;  // samples consumed
+  int epoch = 0;
+  uint32_t last_batch_crc32c = 0;  // of the last batch consumed (0: none)
+  bool operator==(const StreamPosition&) const = default;
+};
+
+// CRC32C of a batch's contents (labels, dense features, offsets, ids).
+uint32_t BatchCrc32c(const Batch& batch);
+
+struct CheckpointFile {
+  std::string name;  // within the checkpoint's directory
+  FileDigest digest;
+};
+
+struct CheckpointManifest {
+  Iteration iteration = 0;
+  nlohmann::json identity = nlohmann::json::object();
+  StreamPosition stream;
+  int64_t every = 0;                  // the --checkpoint-every of the job that wrote it
+  std::vector<CheckpointFile> files;  // trainer.bin, then the servers' shards in server order
+  const CheckpointFile* Find(std::string_view name) const;
+};
+
+inline constexpr char kManifestName[] = "MANIFEST";
+inline constexpr char kLoopStateName[] = "trainer.bin";
+// "ckpt-K".
+std::string CheckpointName(Iteration iteration);
+// "server-S-of-N.bin".
+std::string ShardName(int server, int servers);
+
+// The complete checkpoints (with a MANIFEST) in `dir`, by increasing iteration, as paths.
+std::vector<std::pair<Iteration, std::string>> ListCheckpoints(const std::string& dir);
+// --resume PATH: PATH itself when it holds a MANIFEST, else the latest complete checkpoint in
+// it. NotFound names what is missing.
+absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path);
+
+absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& checkpoint);
+absl::Status WriteManifest(const std::string& checkpoint, const CheckpointManifest& manifest);
+
+// The options a resumed job must share with the checkpoint: checks every key of either; the
+// error names every option that differs with both values.
+absl::Status MatchIdentity(const nlohmann::json& checkpoint, const nlohmann::json& job,
+                           std::string_view checkpoint_path);
+// The job's part of the identity: table sizes, dim, sparse optimizer, trainers, servers, seed.
+nlohmann::json CheckpointIdentity(const JobLayout& layout, int dim, const nlohmann::json& optimizer,
+                                  uint64_t seed, const std::vector<int64_t>& table_rows);
+
+// Checks `dir` before a job writes checkpoints to it (creating it if missing): it must hold
+// nothing but checkpoints of this job (same identity), and none at all unless the job resumes.
+absl::Status PrepareCheckpointDir(const std::string& dir, const nlohmann::json& identity,
+                                  bool resuming);
+// Removes every complete checkpoint but the newest `keep` (0: keeps all) and every incomplete
+// one older than `newest`. Each goes by its MANIFEST first, so a half-removed one does not
+// exist.
+absl::Status PruneCheckpoints(const std::string& dir, int keep, Iteration newest);
+
+absl::StatusOr<FileDigest> WriteLoopStateFile(const std::string& path, std::string_view state);
+// Verifies the file (and its size and CRC32C against the manifest's) and returns the state.
+absl::StatusOr<std::string> ReadLoopStateFile(const std::string& path, const FileDigest& expected);
+
+struct CheckpointStats {
+  Iteration first_iteration = 0;  // where this job started (the resumed checkpoint's iteration)
+  std::string resumed_from;
+  int64_t written = 0;
+  double seconds = 0;       // rank 0: from the cut's plans to the manifest, summed
+  double max_seconds = 0;   // the slowest checkpoint
+  uint64_t last_bytes = 0;  // size of the last checkpoint (all files)
+  std::string last;         // its path
+  nlohmann::json ToJson() const;
+};
+
+// Rank 0's side of checkpoints: resuming (the servers load their shards, the stream is read up
+// to the checkpoint) and writing them (the servers write their shards, trainer 0 sends the
+// loop state, the manifest goes last).
+class CheckpointCoordinator {
+ public:
+  // `identity` is the complete identity of this job.
+  CheckpointCoordinator(Transport& transport, const JobLayout& layout, CheckpointOptions options,
+                        absl::Duration timeout);
+
+  bool writes() const { return !options_.dir.empty(); }
+  int64_t every() const { return options_.every; }
+  Iteration last_written() const { return last_written_; }
+  const CheckpointStats& stats() const { return stats_; }
+
+  struct Start {
+    Iteration iteration = 0;
+    std::string loop_state;
+    StreamPosition stream;
+  };
+  // Before training: with options.resume, verifies the checkpoint, has every server load its
+  // shard and reads `train` up to the checkpoint (checking the position); checks the checkpoint
+  // directory. Nothing is written before this returns OK.
+  absl::StatusOr<Start> Begin(BatchStream& train);
+  // After the kCheckpoint plans of `iteration` went to the trainers: collects trainer 0's loop
+  // state and the servers' shards, writes trainer.bin and the manifest, prunes. Returns the
+  // checkpoint's path.
+  absl::StatusOr<std::string> Write(Iteration iteration, const StreamPosition& stream);
+
+ private:
+  Transport& transport_;
+  const JobLayout layout_;
+  const CheckpointOptions options_;
+  const absl::Duration timeout_;
+  Iteration last_written_ = 0;  // (the start: nothing new to save)
+  CheckpointStats stats_;
+};
+
+}  // namespace bagpipe
+
+#endif  // BAGPIPE_TRAINER_HOOKS_CHECKPOINT_H_
