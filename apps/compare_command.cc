@@ -43,6 +43,8 @@ absl::StatusOr<Run> LoadRun(const std::string& path) {
       ++number;
       if (line.empty()) continue;
       nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      // A last line without its newline is one a killed job was writing (core/metrics.h).
+      if (record.is_discarded() && in.eof()) break;
       if (record.is_discarded()) {
         return absl::InvalidArgumentError(
             absl::StrCat(metrics_path.string(), ":", number, ": not a JSON line"));

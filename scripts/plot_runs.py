@@ -26,12 +26,15 @@ def read_run(run_dir):
     iterations, losses, rates = [], [], []
     with open(metrics) as f:
         for number, line in enumerate(f, 1):
+            complete = line.endswith("\n")
             line = line.strip()
             if not line:
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
+                if not complete:
+                    break  # the line a killed job was writing (core/metrics.h)
                 raise ValueError(f"{metrics}:{number}: not JSON ({e})") from None
             if record.get("kind") != "train":
                 continue

@@ -123,6 +123,12 @@ class OracleRunner {
   }
 
   absl::Status Run(BatchStream& train, BatchStream* eval) {
+    if (!options_.checkpoint.resume.empty() && options_.planner.policy == CachePolicy::kDevice) {
+      // Its caches hold every row from the start, initialised, not the checkpoint's values.
+      return absl::UnimplementedError(
+          "--cache device cannot resume a checkpoint yet; resume with --cache oracle (every "
+          "cache mode trains the same)");
+    }
     CheckpointCoordinator checkpoints(transport_, layout_, options_.checkpoint,
                                       absl::Milliseconds(CheckpointTimeoutMs()));
     ASSIGN_OR_RETURN(const CheckpointCoordinator::Start start, checkpoints.Begin(train));

@@ -261,6 +261,21 @@ EOF
 refuse other_version "has format version 99; this build reads version 1" "${T2[@]}" \
   --resume "$c"
 
+# --cache device writes checkpoints (resumed with another cache mode) but cannot resume one.
+ck="$WORK/ck_device"
+train device_stop "${T2[@]}" --iterations $K --cache device --checkpoint-dir "$ck" \
+  --out "$WORK/device_stop" || fail "device run with checkpoints"
+train device_resumed "${T2[@]}" --iterations $N --cache oracle --resume "$ck" \
+  --out "$WORK/device_resumed" || fail "resume of a device checkpoint with --cache oracle"
+same "--cache device checkpoint resumed with --cache oracle" "$WORK/device_resumed" \
+  "$WORK/ref_T2" $K
+if train device_resume "${T2[@]}" --iterations $N --cache device --resume "$ck" \
+    --out "$WORK/device_refused" || ! grep -q "cache device cannot resume" "$WORK/device_resume.log"; then
+  fail "--cache device --resume: expected a refusal"; tail -3 "$WORK/device_resume.log"
+else
+  echo "ok   --cache device --resume refused: $(grep -m1 -o 'cache device cannot resume[^;]*' "$WORK/device_resume.log")"
+fi
+
 # --- under mpirun: T = 2, S = 2 -----------------------------------------------------------------
 if [[ -n $MPIEXEC ]]; then
   ref="$WORK/ref_T2S2"
