@@ -40,8 +40,8 @@
 //
 // A stop (SIGINT/SIGTERM, JobOptions::stop_requested, or a stop request from any rank) ends the
 // planning window where it stands: the iterations already read into it run (at most the
-// lookahead plus two), then the cut, the checkpoint (when a directory is set), and the job ends
-// without evaluation.
+// lookahead + the plan queue depth + 2), then the cut, the checkpoint (when a directory is set),
+// and the job ends without evaluation.
 //
 // Thread-safety: functions are independent; a CheckpointCoordinator is used by the oracle
 // thread only.
