@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Installs the Debian packages Bagpipe needs to build and test, only those missing.
-# Idempotent; non-interactive. Usage: scripts/setup.sh [--with-plots]
-#   --with-plots  also installs python3-matplotlib for scripts/plot_*.py
+# Installs the Debian packages Bagpipe needs to build and test, only those missing, after
+# printing their names. Idempotent; non-interactive; needs root or password-less sudo.
+# Usage: scripts/setup.sh [--with-plots]
+#   --with-plots      also installs python3-matplotlib for scripts/plot_*.py
+# Environment:
+#   BAGPIPE_NO_APT=1  install nothing, for machines where you manage packages yourself: print the
+#                     Debian packages that are missing (if dpkg exists) and exit 0, so that the
+#                     build goes ahead with whatever provides them; CMake then stops with the
+#                     name of any dependency it cannot find.
 set -euo pipefail
 
 packages=(
@@ -19,6 +25,17 @@ for arg in "$@"; do
   esac
 done
 
+no_apt=${BAGPIPE_NO_APT:-0}
+if ! command -v dpkg-query >/dev/null 2>&1; then
+  if [ "$no_apt" = 1 ]; then
+    echo "setup.sh: BAGPIPE_NO_APT=1 and no dpkg: not checking packages (needed: ${packages[*]})"
+    exit 0
+  fi
+  echo "setup.sh: dpkg-query is not available (not Debian?). Install the equivalents of:" >&2
+  echo "  ${packages[*]}" >&2
+  echo "then run with BAGPIPE_NO_APT=1." >&2
+  exit 1
+fi
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -29,8 +46,15 @@ if [ ${#missing[@]} -eq 0 ]; then
   echo "setup.sh: all ${#packages[@]} packages present"
   exit 0
 fi
+if [ "$no_apt" = 1 ]; then
+  echo "setup.sh: BAGPIPE_NO_APT=1: not installing; these Debian packages are missing:"
+  echo "  ${missing[*]}"
+  echo "setup.sh: going on; the build needs what they provide (CMake names what it cannot find)"
+  exit 0
+fi
 
-echo "setup.sh: installing ${missing[*]}"
+echo "setup.sh: will install ${#missing[@]} missing Debian package(s) with apt-get:"
+echo "  ${missing[*]}"
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "setup.sh: apt-get is not available; install these packages with your package manager:" >&2
   echo "  ${missing[*]}" >&2
