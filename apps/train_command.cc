@@ -488,8 +488,8 @@ Subcommand AddTrainCommand(CLI::App& root) {
   app->add_option("--oracle-split-parts", flags->oracle_split_parts,
                   "with one trainer, plan each table above --oracle-split-min-rows rows as this "
                   "many parts, each a task of its own: more of the planner runs in parallel on "
-                  "many cores, for ~10% more work in all (leave at 1 below ~8 cores; README, "
-                  "planner)")
+                  "many cores, for ~10% more work in all (leave at 1 below ~8 cores; see "
+                  "bench/RESULTS.md)")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   app->add_option("--oracle-split-min-rows", flags->oracle_split_min_rows,

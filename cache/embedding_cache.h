@@ -1,5 +1,5 @@
 // The slot-addressed embedding cache of one trainer: a dense store of `capacity` rows of `dim`
-// floats plus their optimizer state, addressed by slot (DESIGN.md "Cache, prefetch, servers").
+// floats plus their optimizer state, addressed by slot (docs/architecture.md).
 //
 // The cache knows nothing of plans, servers or communication: the oracle decides which row
 // lives in which slot, and the runtime moves rows in (Fill) and out (Extract) at iteration

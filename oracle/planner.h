@@ -132,7 +132,7 @@ struct PlannerOptions {
   // that a few large tables do not bound the planner's time on many cores ("Splitting large
   // tables" above). It costs some total work (~0.1 ms a batch per Criteo-sized table split in 4
   // on the 2-core VM; +10-25% on 2 threads for the 5 Kaggle tables above 1Mi rows), and pays
-  // only on many cores (modeled from measured tasks, README "planner"). 1 = no splitting. Plans
+  // only on many cores (modeled from measured tasks, bench/RESULTS.md). 1 = no splitting. Plans
   // depend on both. The default threshold splits only hashed tables (> dense_index_max_rows).
   int64_t split_min_rows = int64_t{1} << 20;
   int split_parts = 1;

@@ -1,4 +1,4 @@
-// The background fetch pipeline of one trainer (DESIGN.md "Cache, prefetch, servers").
+// The background fetch pipeline of one trainer (docs/architecture.md).
 //
 // The trainer announces, in iteration order and ahead of time, which rows each iteration
 // fills (Request). The prefetcher immediately sends one batched fetch per embedding server,

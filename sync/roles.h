@@ -1,4 +1,4 @@
-// Which rank plays which role (DESIGN.md "Roles"): rank 0 is the data loader + oracle, ranks
+// Which rank plays which role (docs/architecture.md): rank 0 is the data loader + oracle, ranks
 // 1..S the embedding servers, ranks S+1..S+T the trainers. The same layout is used by mpirun
 // jobs (one process per rank) and by the embedded default (one thread per rank).
 #ifndef BAGPIPE_SYNC_ROLES_H_

@@ -1,4 +1,4 @@
-// The one communication interface every role speaks (DESIGN.md "Roles").
+// The one communication interface every role speaks (docs/architecture.md).
 //
 // A job is a set of ranks: rank 0 is the data loader + oracle, ranks 1..S the embedding
 // servers, ranks S+1..S+T the trainers (sync/roles.h). Ranks exchange tagged byte messages.

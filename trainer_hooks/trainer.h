@@ -1,4 +1,4 @@
-// The trainer hooks: the C++ API a training loop calls (DESIGN.md "Trainer hooks").
+// The trainer hooks: the C++ API a training loop calls (docs/architecture.md).
 //
 // A loop over one trainer's iterations looks like this (the reference DLRM in model/ is one):
 //

@@ -1,4 +1,4 @@
-// Planner throughput on a Criteo-Kaggle-like stream (DESIGN.md, "Targets"): the 26 Kaggle
+// Planner throughput on a Criteo-Kaggle-like stream (docs/architecture.md): the 26 Kaggle
 // tables at their real sizes (data/synthetic.h), Zipf alpha 1.05, global batches of 16384
 // samples, lookahead L = 200, cache capacity 5% of all rows per trainer.
 //
