@@ -1,4 +1,4 @@
-// bagpipe: one binary for every role and tool. See README.md ("The bagpipe command").
+// bagpipe: one binary for every role and tool. See README.md ("The main job").
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -8,12 +8,7 @@
 #include "core/device.h"
 #include "core/logging.h"
 #include "core/signals.h"
-
-namespace {
-
-constexpr char kVersion[] = "0.1.0";
-
-}  // namespace
+#include "core/version.h"
 
 int main(int argc, char** argv) {
   CLI::App root(
@@ -22,7 +17,7 @@ int main(int argc, char** argv) {
       "bagpipe");
   root.require_subcommand(1);
   root.set_version_flag("--version", [] {
-    return std::string("bagpipe ") + kVersion + " (CUDA backend " +
+    return std::string("bagpipe ") + BAGPIPE_VERSION + " (CUDA backend " +
            (bagpipe::CudaCompiledIn() ? "compiled in" : "not compiled in") + ")";
   });
   std::string log_level = "info";

@@ -12,26 +12,24 @@ find_package(CLI11 REQUIRED)
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(BLAS REQUIRED)
 
-# xxHash ships no CMake package in Debian: libxxhash-dev provides the header and the library.
-find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
-find_library(XXHASH_LIBRARY xxhash REQUIRED)
+# xxHash, ISA-L and NCCL ship no CMake package, and OpenBLAS's CBLAS header sits in a
+# subdirectory: the find modules next to this file (cmake/Find*.cmake, also installed with the
+# package) define imported targets for them. bagpipe_xxhash, bagpipe_isal, bagpipe_blas and
+# bagpipe_nccl are the names the components link; they are exported with the package
+# (cmake/BagpipePackage.cmake).
+find_package(xxHash REQUIRED)
 add_library(bagpipe_xxhash INTERFACE)
-target_include_directories(bagpipe_xxhash INTERFACE ${XXHASH_INCLUDE_DIR})
-target_link_libraries(bagpipe_xxhash INTERFACE ${XXHASH_LIBRARY})
+target_link_libraries(bagpipe_xxhash INTERFACE xxHash::xxhash)
 
 # CRC32C of checkpoint files (core/crc32c.h): Intel ISA-L (libisal-dev); Debian 12's Abseil
-# predates absl/crc. No CMake package either: the header and the library.
-find_path(ISAL_INCLUDE_DIR isa-l/crc.h REQUIRED)
-find_library(ISAL_LIBRARY isal REQUIRED)
+# predates absl/crc. No CMake package either (cmake/FindISAL.cmake).
+find_package(ISAL REQUIRED)
 add_library(bagpipe_isal INTERFACE)
-target_include_directories(bagpipe_isal INTERFACE ${ISAL_INCLUDE_DIR})
-target_link_libraries(bagpipe_isal INTERFACE ${ISAL_LIBRARY})
+target_link_libraries(bagpipe_isal INTERFACE ISAL::isal)
 
-# The CBLAS header comes with OpenBLAS (Debian: libopenblas-dev puts it under openblas-pthread).
-find_path(CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas-pthread openblas REQUIRED)
+find_package(CBLAS REQUIRED)
 add_library(bagpipe_blas INTERFACE)
-target_include_directories(bagpipe_blas INTERFACE ${CBLAS_INCLUDE_DIR})
-target_link_libraries(bagpipe_blas INTERFACE BLAS::BLAS)
+target_link_libraries(bagpipe_blas INTERFACE CBLAS::cblas)
 
 if(BAGPIPE_BUILD_TESTS)
   find_package(GTest REQUIRED)
@@ -70,17 +68,15 @@ if(BAGPIPE_WITH_CUDA)
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   find_package(CUDAToolkit REQUIRED)
-  # NCCL ships no CMake package: look next to the toolkit and in the system paths.
-  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include)
-  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
-  if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
+  # NCCL: next to the toolkit or in the system paths (cmake/FindNCCL.cmake).
+  find_package(NCCL)
+  if(NOT NCCL_FOUND)
     message(FATAL_ERROR "The CUDA backend needs NCCL (nccl.h and libnccl.so) and none was found. "
                         "Install NCCL (e.g. libnccl-dev), set NCCL_INCLUDE_DIR/NCCL_LIBRARY, or "
                         "configure with -DBAGPIPE_CUDA=OFF.")
   endif()
   add_library(bagpipe_nccl INTERFACE)
-  target_include_directories(bagpipe_nccl INTERFACE ${NCCL_INCLUDE_DIR})
-  target_link_libraries(bagpipe_nccl INTERFACE ${NCCL_LIBRARY})
+  target_link_libraries(bagpipe_nccl INTERFACE NCCL::nccl)
   message(STATUS "Bagpipe: CUDA ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}, "
                  "NCCL ${NCCL_LIBRARY}")
 endif()

@@ -12,6 +12,7 @@
 #   A Google Benchmark executable in bench/.
 
 include(GoogleTest OPTIONAL)
+include(GNUInstallDirs)
 
 function(bagpipe_library name)
   cmake_parse_arguments(A "" "" "SOURCES;CUDA_SOURCES;DEPS" ${ARGN})
@@ -21,7 +22,11 @@ function(bagpipe_library name)
     list(APPEND srcs ${A_CUDA_SOURCES})
   endif()
   add_library(${target} STATIC ${srcs})
-  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+  # Headers are included from the repository root ("core/status.h"), in the build and in the
+  # installed package alike (cmake/BagpipePackage.cmake).
+  target_include_directories(${target} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+                                              $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+  target_compile_features(${target} PUBLIC cxx_std_20)
   target_link_libraries(${target} PUBLIC ${A_DEPS})
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
   if(BAGPIPE_WITH_CUDA)
