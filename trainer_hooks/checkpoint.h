@@ -13,7 +13,7 @@
 //    background exchanges are in flight, a resume would have to merge the newest copy of every
 //    row back into the shards (or rebuild the planner's residency, slot and stamp state
 //    exactly), and the files would depend on the cache mode. Draining makes the checkpoint the
-//    servers' rows only — the state every cache mode agrees on (DESIGN.md, consistency
+//    servers' rows only — the state every cache mode agrees on (docs/architecture.md, consistency
 //    contract), so a job may even resume with another --cache — at the price of one cold cache
 //    after each checkpoint (bench/RESULTS.md measures it).
 //  - the dense parameters, the dense optimizer state and the loop's counters: the training
