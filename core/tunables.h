@@ -38,7 +38,10 @@ std::vector<TunableInfo> ListTunables();
     "skipped) before declaring a peer dead")                                           \
   X(TestKillInCheckpoint, "BAGPIPE_TEST_KILL_IN_CHECKPOINT", -1,                       \
     "testing: rank 0 SIGKILLs itself while writing the checkpoint of this iteration, " \
-    "after every shard and before the manifest (-1: never)")
+    "after every shard and before the manifest (-1: never)")                           \
+  X(CpuStreamsMode, "BAGPIPE_CPU_STREAMS", 0,                                          \
+    "how CPU device contexts run their streams: 0 synchronously, 1 as asynchronous "   \
+    "executor threads (like a GPU), 2 as executors that run work only when waited for")
 
 #define BAGPIPE_DECLARE_TUNABLE_(name, env, def, doc) int64_t name();
 BAGPIPE_TUNABLES(BAGPIPE_DECLARE_TUNABLE_)

@@ -111,7 +111,7 @@ TEST(OptimizerTest, NamesAndStateSizes) {
 }
 
 TEST(DeviceTest, CpuContextCopiesAndAllocates) {
-  auto context = DeviceContext::Cpu();
+  auto context = DeviceContext::Cpu(CpuStreams::kSync);
   EXPECT_EQ(context->backend(), Backend::kCpu);
   auto array = DeviceArray<float>::Create(context, 100);
   ASSERT_TRUE(array.ok());
