@@ -35,12 +35,12 @@ void BackwardIndex::Clear() {
   host_scales_.clear();
 }
 
-absl::Status BackwardIndex::Build(const std::shared_ptr<DeviceContext>& context,
-                                  const int64_t* offsets, int num_tables, int num_samples,
-                                  const uint32_t* unique_index, int64_t num_ids, int num_unique,
-                                  PoolingMode pooling, const float* weights) {
-  Clear();
-  if (context == nullptr) return absl::InvalidArgumentError("BackwardIndex: null context");
+absl::StatusOr<bool> BuildBackwardIndexInto(const int64_t* offsets, int num_tables, int num_samples,
+                                            const uint32_t* unique_index, int64_t num_ids,
+                                            int num_unique, PoolingMode pooling,
+                                            const float* weights, int64_t* row_begin,
+                                            int32_t* pooled_rows, float* scales,
+                                            std::vector<int64_t>* cursor) {
   if (num_tables < 0 || num_samples < 0 || num_ids < 0 || num_unique < 0) {
     return absl::InvalidArgumentError(absl::StrCat("BackwardIndex: negative size (tables ",
                                                    num_tables, ", samples ", num_samples, ", ids ",
@@ -60,7 +60,7 @@ absl::Status BackwardIndex::Build(const std::shared_ptr<DeviceContext>& context,
         ", got offsets[0] = ", offsets[0], " and offsets[", num_bags, "] = ", offsets[num_bags]));
   }
   // Count the occurrences of each unique row.
-  std::vector<int64_t> row_begin(static_cast<size_t>(num_unique) + 1, 0);
+  std::fill(row_begin, row_begin + num_unique + 1, 0);
   for (int64_t j = 0; j < num_ids; ++j) {
     const uint32_t u = unique_index[j];
     if (u >= static_cast<uint32_t>(num_unique)) {
@@ -74,9 +74,11 @@ absl::Status BackwardIndex::Build(const std::shared_ptr<DeviceContext>& context,
   // Scatter occurrences in increasing j, so each row's list is in occurrence order.
   const bool mean = pooling == PoolingMode::kMean;
   const bool scaled = mean || weights != nullptr;
-  std::vector<int64_t> cursor(row_begin.begin(), row_begin.end() - 1);
-  std::vector<int32_t> pooled_rows(static_cast<size_t>(num_ids));
-  std::vector<float> scales(scaled ? static_cast<size_t>(num_ids) : 0);
+  if (scaled && num_ids > 0 && scales == nullptr) {
+    return absl::InvalidArgumentError("BackwardIndex: scaled pooling needs a scales array");
+  }
+  cursor->assign(row_begin, row_begin + num_unique);
+  int64_t* next = cursor->data();
   for (int t = 0; t < num_tables; ++t) {
     for (int s = 0; s < num_samples; ++s) {
       const int64_t bag = static_cast<int64_t>(t) * num_samples + s;
@@ -90,7 +92,7 @@ absl::Status BackwardIndex::Build(const std::shared_ptr<DeviceContext>& context,
       const int32_t pooled_row = s * num_tables + t;
       const float multiplier = cache_math::BagMultiplier(mean, end - begin);
       for (int64_t j = begin; j < end; ++j) {
-        const int64_t position = cursor[unique_index[j]]++;
+        const int64_t position = next[unique_index[j]]++;
         pooled_rows[position] = pooled_row;
         if (scaled) {
           scales[position] = cache_math::Mul(weights != nullptr ? weights[j] : 1.0f, multiplier);
@@ -98,7 +100,33 @@ absl::Status BackwardIndex::Build(const std::shared_ptr<DeviceContext>& context,
       }
     }
   }
+  return scaled;
+}
 
+absl::Status BackwardIndex::Build(const std::shared_ptr<DeviceContext>& context,
+                                  const int64_t* offsets, int num_tables, int num_samples,
+                                  const uint32_t* unique_index, int64_t num_ids, int num_unique,
+                                  PoolingMode pooling, const float* weights) {
+  if (context_ != nullptr && !context_->is_cuda() && context_->is_asynchronous()) {
+    // Queued reduces read the host arrays about to be replaced.
+    RETURN_IF_ERROR(context_->Synchronize());
+  }
+  Clear();
+  if (context == nullptr) return absl::InvalidArgumentError("BackwardIndex: null context");
+  if (num_unique < 0 || num_ids < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("BackwardIndex: negative size (tables ",
+                                                   num_tables, ", samples ", num_samples, ", ids ",
+                                                   num_ids, ", unique ", num_unique, ")"));
+  }
+  std::vector<int64_t> row_begin(static_cast<size_t>(num_unique) + 1, 0);
+  std::vector<int32_t> pooled_rows(static_cast<size_t>(num_ids));
+  const bool scaled_input = pooling == PoolingMode::kMean || weights != nullptr;
+  std::vector<float> scales(scaled_input ? static_cast<size_t>(num_ids) : 0);
+  std::vector<int64_t> cursor;
+  ASSIGN_OR_RETURN(const bool scaled,
+                   BuildBackwardIndexInto(offsets, num_tables, num_samples, unique_index, num_ids,
+                                          num_unique, pooling, weights, row_begin.data(),
+                                          pooled_rows.data(), scales.data(), &cursor));
   context_ = context;
   num_tables_ = num_tables;
   num_samples_ = num_samples;
@@ -142,6 +170,18 @@ const int64_t* BackwardIndex::row_begin() const {
 
 const int32_t* BackwardIndex::pooled_rows() const {
   return context_ && context_->is_cuda() ? device_pooled_rows_.data() : host_pooled_rows_.data();
+}
+
+BackwardIndexView BackwardIndex::view() const {
+  BackwardIndexView view;
+  view.row_begin = row_begin();
+  view.pooled_rows = pooled_rows();
+  view.scales = scales();
+  view.num_tables = num_tables_;
+  view.num_samples = num_samples_;
+  view.num_unique = num_unique_;
+  view.num_ids = num_ids_;
+  return view;
 }
 
 const float* BackwardIndex::scales() const {

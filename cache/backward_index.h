@@ -13,7 +13,13 @@
 //
 // Not thread-safe. On CUDA, Build's uploads are queued on the compute stream: reduces queued
 // on that stream with the previous contents finish before they are overwritten; a reduce
-// queued on another stream must be ordered by the caller (DeviceContext::StreamWait).
+// queued on another stream must be ordered by the caller (DeviceContext::StreamWait). On a CPU
+// context with asynchronous streams the host arrays serve the reduce, so Build first waits for
+// the compute stream.
+//
+// A runtime that prepares batches ahead of time (trainer_hooks/) builds the same arrays into its
+// own staging memory with BuildBackwardIndexInto, off the critical path, and hands their device
+// copies to EmbeddingCache::ReduceGradients as a BackwardIndexView.
 #ifndef BAGPIPE_CACHE_BACKWARD_INDEX_H_
 #define BAGPIPE_CACHE_BACKWARD_INDEX_H_
 
@@ -22,10 +28,34 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "cache/pooling.h"
 #include "core/device.h"
 
 namespace bagpipe {
+
+// The index's arrays wherever they live (context memory when handed to ReduceGradients).
+struct BackwardIndexView {
+  const int64_t* row_begin = nullptr;    // num_unique + 1
+  const int32_t* pooled_rows = nullptr;  // num_ids
+  const float* scales = nullptr;         // num_ids, or nullptr for unweighted sum pooling
+  int num_tables = 0;
+  int num_samples = 0;
+  int num_unique = 0;
+  int64_t num_ids = 0;
+};
+
+// Builds the index of one local batch (inputs as BackwardIndex::Build) into host arrays the
+// caller owns: row_begin [num_unique + 1], pooled_rows [num_ids] and, when pooling is kMean or
+// `weights` is set, scales [num_ids] (else untouched, may be null). `cursor` is scratch (grown,
+// kept by the caller to avoid allocating). Returns whether scales were written. Fails with
+// InvalidArgument naming the first offending position; the outputs are then unspecified.
+absl::StatusOr<bool> BuildBackwardIndexInto(const int64_t* offsets, int num_tables, int num_samples,
+                                            const uint32_t* unique_index, int64_t num_ids,
+                                            int num_unique, PoolingMode pooling,
+                                            const float* weights, int64_t* row_begin,
+                                            int32_t* pooled_rows, float* scales,
+                                            std::vector<int64_t>* cursor);
 
 class BackwardIndex {
  public:
@@ -61,6 +91,8 @@ class BackwardIndex {
   const int64_t* row_begin() const;
   const int32_t* pooled_rows() const;
   const float* scales() const;
+  // The device arrays and shape, for EmbeddingCache::ReduceGradients.
+  BackwardIndexView view() const;
 
  private:
   absl::Status Upload();

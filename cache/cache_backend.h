@@ -77,7 +77,10 @@ class CacheBackend {
                                       Stream stream) = 0;
 };
 
-std::unique_ptr<CacheBackend> CreateCpuCacheBackend(const CacheStorage& storage);
+// Kernels run on the context's streams (DeviceContext::Launch): inside the call for a kSync
+// context, later on the stream's executor otherwise. REQUIRES: context is a CPU context.
+std::unique_ptr<CacheBackend> CreateCpuCacheBackend(std::shared_ptr<DeviceContext> context,
+                                                    const CacheStorage& storage);
 
 #if BAGPIPE_WITH_CUDA
 // REQUIRES: context->is_cuda(); storage pointers are in that device's memory.

@@ -1,13 +1,17 @@
 // The CPU reference backend: plain loops over the cache_math.h formulas, parallelised over
 // output rows with TBB. Each output row is computed by one task in a fixed order, so results
-// do not depend on the thread count.
+// do not depend on the thread count. Every operation is a kernel queued on the context's stream
+// (DeviceContext::Launch): it runs in the call for a synchronous context, later on the stream's
+// executor for an asynchronous one, so the arguments are captured by value.
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "cache/cache_backend.h"
 #include "cache/cache_math.h"
+#include "core/status.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
 
@@ -39,10 +43,39 @@ inline void AccumulateRow(float* out, const float* in, float scale, int dim) {
 
 class CpuCacheBackend final : public CacheBackend {
  public:
-  explicit CpuCacheBackend(const CacheStorage& storage) : s_(storage) {}
+  CpuCacheBackend(std::shared_ptr<DeviceContext> context, const CacheStorage& storage)
+      : context_(std::move(context)), s_(storage) {}
 
-  absl::Status Gather(const GatherArgs& a, Stream) override {
-    const int dim = s_.dim;
+  absl::Status Gather(const GatherArgs& args, Stream stream) override {
+    return context_->Launch(stream, [st = s_, a = args] { RunGather(st, a); });
+  }
+  absl::Status Reduce(const ReduceArgs& args, Stream stream) override {
+    return context_->Launch(stream, [st = s_, a = args] { RunReduce(st, a); });
+  }
+  absl::Status Apply(const ApplyArgs& args, Stream stream) override {
+    return context_->Launch(stream, [st = s_, a = args] { RunApply(st, a); });
+  }
+  absl::Status Fill(const SlotId* slots, const float* records, int64_t n, Stream stream) override {
+    return context_->Launch(stream,
+                            [st = s_, slots, records, n] { RunFill(st, slots, records, n); });
+  }
+  absl::Status Extract(const SlotId* slots, int64_t n, float* records, Stream stream) override {
+    return context_->Launch(stream,
+                            [st = s_, slots, records, n] { RunExtract(st, slots, n, records); });
+  }
+  absl::Status InitializeRows(const RowInitializer& initializer, int64_t first_slot, int64_t count,
+                              RowId first_row, float accumulator, Stream stream) override {
+    // The initializer is the caller's: wait for the kernel before returning (as CUDA does).
+    RETURN_IF_ERROR(context_->Launch(stream, [&, st = s_] {
+      RunInitialize(st, initializer, first_slot, count, first_row, accumulator);
+    }));
+    if (!context_->is_asynchronous()) return absl::OkStatus();
+    return context_->Synchronize(stream);
+  }
+
+ private:
+  static void RunGather(const CacheStorage& st, const GatherArgs& a) {
+    const int dim = st.dim;
     const int tables = a.num_tables;
     const int samples = a.num_samples;
     const bool mean = a.pooling == PoolingMode::kMean;
@@ -58,15 +91,14 @@ class CpuCacheBackend final : public CacheBackend {
       const float multiplier = cache_math::BagMultiplier(mean, end - begin);
       for (int64_t j = begin; j < end; ++j) {
         const float weight = a.weights != nullptr ? a.weights[j] : 1.0f;
-        AccumulateRow(out, s_.values + static_cast<int64_t>(a.slots[j]) * dim,
+        AccumulateRow(out, st.values + static_cast<int64_t>(a.slots[j]) * dim,
                       Mul(weight, multiplier), dim);
       }
     });
-    return absl::OkStatus();
   }
 
-  absl::Status Reduce(const ReduceArgs& a, Stream) override {
-    const int dim = s_.dim;
+  static void RunReduce(const CacheStorage& st, const ReduceArgs& a) {
+    const int dim = st.dim;
     ForRows(a.num_unique, dim, [&](int64_t u) {
       float* out = a.row_grads + u * dim;
       std::fill(out, out + dim, 0.0f);
@@ -75,21 +107,20 @@ class CpuCacheBackend final : public CacheBackend {
                       a.scales != nullptr ? a.scales[e] : 1.0f, dim);
       }
     });
-    return absl::OkStatus();
   }
 
-  absl::Status Apply(const ApplyArgs& a, Stream) override {
-    const int dim = s_.dim;
+  static void RunApply(const CacheStorage& st, const ApplyArgs& a) {
+    const int dim = st.dim;
     const float lr = a.learning_rate;
     const float eps = a.eps;
     auto grad_of = [&](int64_t k) {
       const int64_t row = a.grad_rows != nullptr ? a.grad_rows[k] : k;
       return a.grads + row * dim;
     };
-    switch (s_.optimizer) {
+    switch (st.optimizer) {
       case OptimizerKind::kSgd:
         ForRows(a.n, dim, [&](int64_t k) {
-          float* w = s_.values + static_cast<int64_t>(a.slots[k]) * dim;
+          float* w = st.values + static_cast<int64_t>(a.slots[k]) * dim;
           const float* g = grad_of(k);
           for (int c = 0; c < dim; ++c) w[c] = cache_math::SgdStep(w[c], g[c], lr);
         });
@@ -97,8 +128,8 @@ class CpuCacheBackend final : public CacheBackend {
       case OptimizerKind::kAdagrad:
         ForRows(a.n, 2 * dim, [&](int64_t k) {
           const int64_t slot = a.slots[k];
-          float* w = s_.values + slot * dim;
-          float* state = s_.state + slot * dim;
+          float* w = st.values + slot * dim;
+          float* state = st.state + slot * dim;
           const float* g = grad_of(k);
           for (int c = 0; c < dim; ++c) {
             w[c] = cache_math::AdagradStep(w[c], g[c], &state[c], lr, eps);
@@ -108,69 +139,67 @@ class CpuCacheBackend final : public CacheBackend {
       case OptimizerKind::kRowwiseAdagrad:
         ForRows(a.n, dim, [&](int64_t k) {
           const int64_t slot = a.slots[k];
-          float* w = s_.values + slot * dim;
+          float* w = st.values + slot * dim;
           const float* g = grad_of(k);
           const float denominator = cache_math::RowwiseDenominator(
-              &s_.state[slot], cache_math::RowwiseSquareSum(g, dim), dim, eps);
+              &st.state[slot], cache_math::RowwiseSquareSum(g, dim), dim, eps);
           for (int c = 0; c < dim; ++c) w[c] = cache_math::RowwiseStep(w[c], g[c], lr, denominator);
         });
         break;
     }
-    return absl::OkStatus();
   }
 
-  absl::Status Fill(const SlotId* slots, const float* records, int64_t n, Stream) override {
-    const int dim = s_.dim;
-    const int state = s_.state_floats;
+  static void RunFill(const CacheStorage& st, const SlotId* slots, const float* records,
+                      int64_t n) {
+    const int dim = st.dim;
+    const int state = st.state_floats;
     const int64_t record = dim + state;
     ForRows(n, static_cast<int>(record), [&](int64_t k) {
       const int64_t slot = slots[k];
       const float* in = records + k * record;
-      std::memcpy(s_.values + slot * dim, in, sizeof(float) * dim);
-      if (state > 0) std::memcpy(s_.state + slot * state, in + dim, sizeof(float) * state);
+      std::memcpy(st.values + slot * dim, in, sizeof(float) * dim);
+      if (state > 0) std::memcpy(st.state + slot * state, in + dim, sizeof(float) * state);
     });
-    return absl::OkStatus();
   }
 
-  absl::Status Extract(const SlotId* slots, int64_t n, float* records, Stream) override {
-    const int dim = s_.dim;
-    const int state = s_.state_floats;
+  static void RunExtract(const CacheStorage& st, const SlotId* slots, int64_t n, float* records) {
+    const int dim = st.dim;
+    const int state = st.state_floats;
     const int64_t record = dim + state;
     ForRows(n, static_cast<int>(record), [&](int64_t k) {
       const int64_t slot = slots[k];
       float* out = records + k * record;
-      std::memcpy(out, s_.values + slot * dim, sizeof(float) * dim);
-      if (state > 0) std::memcpy(out + dim, s_.state + slot * state, sizeof(float) * state);
+      std::memcpy(out, st.values + slot * dim, sizeof(float) * dim);
+      if (state > 0) std::memcpy(out + dim, st.state + slot * state, sizeof(float) * state);
     });
-    return absl::OkStatus();
   }
 
-  absl::Status InitializeRows(const RowInitializer& initializer, int64_t first_slot, int64_t count,
-                              RowId first_row, float accumulator, Stream) override {
-    const int dim = s_.dim;
-    const int state = s_.state_floats;
+  static void RunInitialize(const CacheStorage& st, const RowInitializer& initializer,
+                            int64_t first_slot, int64_t count, RowId first_row, float accumulator) {
+    const int dim = st.dim;
+    const int state = st.state_floats;
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, count, Grain(dim)),
                       [&](const tbb::blocked_range<int64_t>& range) {
                         std::vector<float> record(dim + state);
                         for (int64_t k = range.begin(); k != range.end(); ++k) {
                           const int64_t slot = first_slot + k;
                           initializer.Init(first_row + static_cast<RowId>(k), record.data());
-                          std::memcpy(s_.values + slot * dim, record.data(), sizeof(float) * dim);
-                          std::fill(s_.state + slot * state, s_.state + (slot + 1) * state,
+                          std::memcpy(st.values + slot * dim, record.data(), sizeof(float) * dim);
+                          std::fill(st.state + slot * state, st.state + (slot + 1) * state,
                                     accumulator);
                         }
                       });
-    return absl::OkStatus();
   }
 
- private:
+  const std::shared_ptr<DeviceContext> context_;
   const CacheStorage s_;
 };
 
 }  // namespace
 
-std::unique_ptr<CacheBackend> CreateCpuCacheBackend(const CacheStorage& storage) {
-  return std::make_unique<CpuCacheBackend>(storage);
+std::unique_ptr<CacheBackend> CreateCpuCacheBackend(std::shared_ptr<DeviceContext> context,
+                                                    const CacheStorage& storage) {
+  return std::make_unique<CpuCacheBackend>(std::move(context), storage);
 }
 
 }  // namespace bagpipe::internal

@@ -84,7 +84,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingCache>> EmbeddingCache::Create(
     return absl::FailedPreconditionError("EmbeddingCache: built without the CUDA backend");
 #endif
   } else {
-    cache->backend_ = internal::CreateCpuCacheBackend(storage);
+    cache->backend_ = internal::CreateCpuCacheBackend(ctx, storage);
   }
   return cache;
 }
@@ -102,7 +102,7 @@ bool EmbeddingCache::validating() const {
     case Validation::kOff:
       return false;
     case Validation::kAuto:
-      return !context_->is_cuda();
+      return !context_->is_asynchronous();
   }
   return true;
 }
@@ -114,7 +114,7 @@ absl::StatusOr<std::vector<T>> EmbeddingCache::ToHost(const T* pointer, int64_t 
                                                       Stream stream) const {
   std::vector<T> host(static_cast<size_t>(count));
   if (count == 0) return host;
-  if (!context_->is_cuda()) {
+  if (!context_->is_asynchronous()) {
     std::copy(pointer, pointer + count, host.begin());
     return host;
   }
@@ -212,18 +212,31 @@ absl::Status EmbeddingCache::ReduceGradients(const BackwardIndex& index, const f
         kOp, ": the BackwardIndex was built for the ", std::string(BackendName(index.backend())),
         " backend, the cache runs on ", std::string(BackendName(context_->backend()))));
   }
-  if (index.num_unique() == 0) return absl::OkStatus();
+  return ReduceGradients(index.view(), pooled_grad, row_grads, stream);
+}
+
+absl::Status EmbeddingCache::ReduceGradients(const BackwardIndexView& index,
+                                             const float* pooled_grad, float* row_grads,
+                                             Stream stream) {
+  constexpr const char* kOp = "ReduceGradients";
+  if (index.num_unique < 0 || index.num_ids < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": negative index size"));
+  }
+  if (index.num_unique == 0) return absl::OkStatus();
   if (row_grads == nullptr) return NullPointer(kOp, "row_grads");
-  if (index.num_ids() > 0 && pooled_grad == nullptr) return NullPointer(kOp, "pooled_grad");
+  if (index.row_begin == nullptr || (index.num_ids > 0 && index.pooled_rows == nullptr)) {
+    return NullPointer(kOp, "the index's arrays");
+  }
+  if (index.num_ids > 0 && pooled_grad == nullptr) return NullPointer(kOp, "pooled_grad");
   internal::ReduceArgs args;
-  args.row_begin = index.row_begin();
-  args.pooled_rows = index.pooled_rows();
-  args.scales = index.scales();
-  args.num_unique = index.num_unique();
+  args.row_begin = index.row_begin;
+  args.pooled_rows = index.pooled_rows;
+  args.scales = index.scales;
+  args.num_unique = index.num_unique;
   args.pooled_grad = pooled_grad;
   args.row_grads = row_grads;
   RETURN_IF_ERROR(backend_->Reduce(args, stream));
-  stats_.Add(CacheCounter::kReducedRows, index.num_unique());
+  stats_.Add(CacheCounter::kReducedRows, index.num_unique);
   return absl::OkStatus();
 }
 
@@ -327,7 +340,7 @@ absl::StatusOr<std::vector<float>> EmbeddingCache::ReadRecords(
   RETURN_IF_ERROR(CheckSlots("ReadRecords", slots.data(), n, /*distinct=*/false));
   std::vector<float> records(slots.size() * record_floats());
   if (n == 0) return records;
-  if (!context_->is_cuda()) {
+  if (!context_->is_asynchronous()) {
     RETURN_IF_ERROR(backend_->Extract(slots.data(), n, records.data(), Stream::kCompute));
   } else {
     ASSIGN_OR_RETURN(auto device_slots, DeviceArray<SlotId>::Create(context_, slots.size()));
@@ -354,7 +367,7 @@ absl::Status EmbeddingCache::WriteRecords(absl::Span<const SlotId> slots,
   }
   RETURN_IF_ERROR(CheckSlots("WriteRecords", slots.data(), n, /*distinct=*/true));
   if (n == 0) return absl::OkStatus();
-  if (!context_->is_cuda()) {
+  if (!context_->is_asynchronous()) {
     RETURN_IF_ERROR(backend_->Fill(slots.data(), records.data(), n, Stream::kCompute));
   } else {
     ASSIGN_OR_RETURN(auto device_slots, DeviceArray<SlotId>::Create(context_, slots.size()));

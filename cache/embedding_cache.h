@@ -19,17 +19,18 @@
 // other. Sums start from +0.0f, so they are never -0.0f.
 //
 // Pointers. Every pointer argument is in the context's memory: host memory for a CPU context,
-// device memory for a CUDA context (except where a method says "host"). CUDA operations are
-// queued on the named stream (default Stream::kCompute) and return before they complete; the
-// caller orders streams (DeviceContext::StreamWait) and keeps inputs alive until the stream is
-// synchronised. CPU operations complete before returning.
+// device memory for a CUDA context (except where a method says "host"). Operations are queued on
+// the named stream (default Stream::kCompute); on an asynchronous context (CUDA, or a CPU
+// context with asynchronous streams) they return before they complete: the caller orders
+// streams (DeviceContext::StreamWait, StreamWaitEvent) and keeps inputs alive until the stream
+// has passed them. On a synchronous CPU context they complete before returning.
 //
 // Validation. Public methods check their arguments (slots in [0, capacity), distinct where
 // required, offsets non-decreasing, ...) and fail with InvalidArgument naming the first
-// offending position. The checks are O(n); on CUDA they copy the index arrays to the host and
-// synchronise the stream, so by default (Validation::kAuto) they run on CPU contexts only; the
-// oracle guarantees valid slots on the hot path. Invalid input with validation off is
-// undefined behaviour.
+// offending position. The checks are O(n); on an asynchronous context they copy the index arrays
+// to the host and synchronise the stream, so by default (Validation::kAuto) they run on
+// synchronous CPU contexts only; the oracle guarantees valid slots on the hot path. Invalid input
+// with validation off is undefined behaviour.
 //
 // Thread-safety: not internally synchronised. Concurrent calls are safe only when they touch
 // disjoint slots and outputs and the caller orders them (e.g. a Fill on the copy stream of
@@ -60,8 +61,10 @@ class CacheBackend;
 }  // namespace internal
 
 enum class Validation {
-  kAuto,  // validate on CPU contexts (cheap), not on CUDA ones (would synchronise)
-  kOn,    // always validate (CUDA: copies index arrays to the host and synchronises)
+  kAuto,  // validate on synchronous CPU contexts (cheap), not on asynchronous ones (would
+          // synchronise)
+  kOn,    // always validate (asynchronous contexts: copies index arrays to the host and
+          // synchronises)
   kOff,   // never validate
 };
 
@@ -128,6 +131,10 @@ class EmbeddingCache {
   // REQUIRES: pooled_grad has index.num_samples() * index.num_tables() rows of dim floats;
   // row_grads has index.num_unique() rows.
   absl::Status ReduceGradients(const BackwardIndex& index, const float* pooled_grad,
+                               float* row_grads, Stream stream = Stream::kCompute);
+  // The same with the index's arrays in the context's memory, e.g. built ahead of time with
+  // BuildBackwardIndexInto and copied to the device (not validated: the caller built them).
+  absl::Status ReduceGradients(const BackwardIndexView& index, const float* pooled_grad,
                                float* row_grads, Stream stream = Stream::kCompute);
 
   // Fused optimizer step (cache/cache_math.h formulas) on n (slot, gradient) pairs: slot
