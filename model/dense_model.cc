@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numbers>
 #include <utility>
 
@@ -24,9 +25,13 @@ namespace {
 // Rows per TBB task for the element-wise loops (large enough to amortise scheduling).
 constexpr int kRowGrain = 64;
 
+// Every primitive is a kernel queued on the compute stream (DeviceContext::Launch): it runs in
+// the call on a synchronous CPU context, later on the stream's executor on an asynchronous one,
+// so arguments are captured by value.
 class CpuDenseBackend final : public DenseBackend {
  public:
-  explicit CpuDenseBackend(bool deterministic) {
+  CpuDenseBackend(std::shared_ptr<DeviceContext> context, bool deterministic)
+      : context_(std::move(context)) {
     // OpenBLAS's threaded GEMM may split the reduction dimension differently with the thread
     // count; one thread fixes the summation order. (Process-wide: OpenBLAS has no per-call knob.)
     if (deterministic) openblas_set_num_threads(1);
@@ -34,158 +39,174 @@ class CpuDenseBackend final : public DenseBackend {
 
   absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                     int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return absl::OkStatus();
+    return Queue([=] {
+      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                  trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                  ldc);
+    });
   }
 
   absl::Status BiasActivation(float* y, const float* bias, int rows, int cols, bool relu) override {
-    tbb::parallel_for(tbb::blocked_range<int>(0, rows, kRowGrain),
-                      [&](const tbb::blocked_range<int>& range) {
-                        for (int r = range.begin(); r < range.end(); ++r) {
-                          float* row = y + static_cast<int64_t>(r) * cols;
-                          for (int c = 0; c < cols; ++c) {
-                            const float v = row[c] + bias[c];
-                            row[c] = relu ? std::max(v, 0.0f) : v;
+    return Queue([=] {
+      tbb::parallel_for(tbb::blocked_range<int>(0, rows, kRowGrain),
+                        [&](const tbb::blocked_range<int>& range) {
+                          for (int r = range.begin(); r < range.end(); ++r) {
+                            float* row = y + static_cast<int64_t>(r) * cols;
+                            for (int c = 0; c < cols; ++c) {
+                              const float v = row[c] + bias[c];
+                              row[c] = relu ? std::max(v, 0.0f) : v;
+                            }
                           }
-                        }
-                      });
-    return absl::OkStatus();
+                        });
+    });
   }
 
   absl::Status ReluBackward(float* dy, const float* y, int64_t count) override {
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, count, 4096),
-                      [&](const tbb::blocked_range<int64_t>& range) {
-                        for (int64_t i = range.begin(); i < range.end(); ++i) {
-                          if (!(y[i] > 0.0f)) dy[i] = 0.0f;
-                        }
-                      });
-    return absl::OkStatus();
+    return Queue([=] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, count, 4096),
+                        [&](const tbb::blocked_range<int64_t>& range) {
+                          for (int64_t i = range.begin(); i < range.end(); ++i) {
+                            if (!(y[i] > 0.0f)) dy[i] = 0.0f;
+                          }
+                        });
+    });
   }
 
   absl::Status BiasGradient(const float* dy, int rows, int cols, float* db) override {
-    // Each column is summed over the rows in order by one task: a fixed order.
-    constexpr int kColumnBlock = 64;
-    tbb::parallel_for(
-        tbb::blocked_range<int>(0, cols, kColumnBlock),
-        [&](const tbb::blocked_range<int>& range) {
-          const int begin = range.begin();
-          const int width = range.end() - begin;
-          float sums[kColumnBlock];
-          for (int c = 0; c < width; ++c) sums[c] = db[begin + c];
-          for (int r = 0; r < rows; ++r) {
-            const float* row = dy + static_cast<int64_t>(r) * cols + begin;
-            for (int c = 0; c < width; ++c) sums[c] += row[c];
-          }
-          for (int c = 0; c < width; ++c) db[begin + c] = sums[c];
-        },
-        tbb::simple_partitioner());
-    return absl::OkStatus();
+    return Queue([=] {
+      // Each column is summed over the rows in order by one task: a fixed order.
+      constexpr int kColumnBlock = 64;
+      tbb::parallel_for(
+          tbb::blocked_range<int>(0, cols, kColumnBlock),
+          [&](const tbb::blocked_range<int>& range) {
+            const int begin = range.begin();
+            const int width = range.end() - begin;
+            float sums[kColumnBlock];
+            for (int c = 0; c < width; ++c) sums[c] = db[begin + c];
+            for (int r = 0; r < rows; ++r) {
+              const float* row = dy + static_cast<int64_t>(r) * cols + begin;
+              for (int c = 0; c < width; ++c) sums[c] += row[c];
+            }
+            for (int c = 0; c < width; ++c) db[begin + c] = sums[c];
+          },
+          tbb::simple_partitioner());
+    });
   }
 
   absl::Status InteractionForward(const float* x, const float* pooled, int n, int num_tables,
                                   int dim, float* z) override {
-    const int features = InteractionFeatures(num_tables, dim);
-    tbb::parallel_for(tbb::blocked_range<int>(0, n, 16), [&](const tbb::blocked_range<int>& r) {
-      std::vector<const float*> v(num_tables + 1);
-      for (int s = r.begin(); s < r.end(); ++s) {
-        v[0] = x + static_cast<int64_t>(s) * dim;
-        for (int t = 0; t < num_tables; ++t) {
-          v[t + 1] = pooled + (static_cast<int64_t>(s) * num_tables + t) * dim;
-        }
-        float* out = z + static_cast<int64_t>(s) * features;
-        std::memcpy(out, v[0], sizeof(float) * dim);
-        int k = dim;
-        for (int i = 1; i <= num_tables; ++i) {
-          for (int j = 0; j < i; ++j) {
-            float dot = 0.0f;
-            for (int d = 0; d < dim; ++d) dot += v[i][d] * v[j][d];
-            out[k++] = dot;
+    return Queue([=] {
+      const int features = InteractionFeatures(num_tables, dim);
+      tbb::parallel_for(tbb::blocked_range<int>(0, n, 16), [&](const tbb::blocked_range<int>& r) {
+        std::vector<const float*> v(num_tables + 1);
+        for (int s = r.begin(); s < r.end(); ++s) {
+          v[0] = x + static_cast<int64_t>(s) * dim;
+          for (int t = 0; t < num_tables; ++t) {
+            v[t + 1] = pooled + (static_cast<int64_t>(s) * num_tables + t) * dim;
+          }
+          float* out = z + static_cast<int64_t>(s) * features;
+          std::memcpy(out, v[0], sizeof(float) * dim);
+          int k = dim;
+          for (int i = 1; i <= num_tables; ++i) {
+            for (int j = 0; j < i; ++j) {
+              float dot = 0.0f;
+              for (int d = 0; d < dim; ++d) dot += v[i][d] * v[j][d];
+              out[k++] = dot;
+            }
           }
         }
-      }
+      });
     });
-    return absl::OkStatus();
   }
 
   absl::Status InteractionBackward(const float* dz, const float* x, const float* pooled, int n,
                                    int num_tables, int dim, float* dx, float* dpooled) override {
-    const int features = InteractionFeatures(num_tables, dim);
-    tbb::parallel_for(tbb::blocked_range<int>(0, n, 16), [&](const tbb::blocked_range<int>& r) {
-      std::vector<const float*> v(num_tables + 1);
-      std::vector<float*> dv(num_tables + 1);
-      for (int s = r.begin(); s < r.end(); ++s) {
-        v[0] = x + static_cast<int64_t>(s) * dim;
-        dv[0] = dx + static_cast<int64_t>(s) * dim;
-        for (int t = 0; t < num_tables; ++t) {
-          const int64_t offset = (static_cast<int64_t>(s) * num_tables + t) * dim;
-          v[t + 1] = pooled + offset;
-          dv[t + 1] = dpooled + offset;
-        }
-        const float* g = dz + static_cast<int64_t>(s) * features;
-        std::memcpy(dv[0], g, sizeof(float) * dim);
-        for (int t = 1; t <= num_tables; ++t) std::fill(dv[t], dv[t] + dim, 0.0f);
-        // Pair (i, j), j < i, contributes g * V_j to dV_i and g * V_i to dV_j, in pair order.
-        int k = dim;
-        for (int i = 1; i <= num_tables; ++i) {
-          for (int j = 0; j < i; ++j) {
-            const float gk = g[k++];
-            for (int d = 0; d < dim; ++d) {
-              dv[i][d] += gk * v[j][d];
-              dv[j][d] += gk * v[i][d];
+    return Queue([=] {
+      const int features = InteractionFeatures(num_tables, dim);
+      tbb::parallel_for(tbb::blocked_range<int>(0, n, 16), [&](const tbb::blocked_range<int>& r) {
+        std::vector<const float*> v(num_tables + 1);
+        std::vector<float*> dv(num_tables + 1);
+        for (int s = r.begin(); s < r.end(); ++s) {
+          v[0] = x + static_cast<int64_t>(s) * dim;
+          dv[0] = dx + static_cast<int64_t>(s) * dim;
+          for (int t = 0; t < num_tables; ++t) {
+            const int64_t offset = (static_cast<int64_t>(s) * num_tables + t) * dim;
+            v[t + 1] = pooled + offset;
+            dv[t + 1] = dpooled + offset;
+          }
+          const float* g = dz + static_cast<int64_t>(s) * features;
+          std::memcpy(dv[0], g, sizeof(float) * dim);
+          for (int t = 1; t <= num_tables; ++t) std::fill(dv[t], dv[t] + dim, 0.0f);
+          // Pair (i, j), j < i, contributes g * V_j to dV_i and g * V_i to dV_j, in pair order.
+          int k = dim;
+          for (int i = 1; i <= num_tables; ++i) {
+            for (int j = 0; j < i; ++j) {
+              const float gk = g[k++];
+              for (int d = 0; d < dim; ++d) {
+                dv[i][d] += gk * v[j][d];
+                dv[j][d] += gk * v[i][d];
+              }
             }
           }
         }
-      }
+      });
     });
-    return absl::OkStatus();
   }
 
   absl::Status Loss(const float* logits, const float* labels, int n, float scale, float* losses,
                     float* probabilities, float* dlogits) override {
-    for (int s = 0; s < n; ++s) {
-      const float z = logits[s];
-      const float e = std::exp(-std::fabs(z));
-      const float p = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-      probabilities[s] = p;
-      if (labels == nullptr) {
-        losses[s] = 0.0f;
-        continue;
+    return Queue([=] {
+      for (int s = 0; s < n; ++s) {
+        const float z = logits[s];
+        const float e = std::exp(-std::fabs(z));
+        const float p = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+        probabilities[s] = p;
+        if (labels == nullptr) {
+          losses[s] = 0.0f;
+          continue;
+        }
+        const float y = labels[s];
+        losses[s] = std::max(z, 0.0f) - z * y + std::log1p(e);
+        if (dlogits != nullptr) dlogits[s] = (p - y) * scale;
       }
-      const float y = labels[s];
-      losses[s] = std::max(z, 0.0f) - z * y + std::log1p(e);
-      if (dlogits != nullptr) dlogits[s] = (p - y) * scale;
-    }
-    return absl::OkStatus();
+    });
   }
 
   absl::Status OptimizerStep(OptimizerKind kind, float lr, float eps, int64_t count, float* params,
                              float* grads, float* state) override {
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, count, 1 << 14),
-                      [&](const tbb::blocked_range<int64_t>& r) {
-                        if (kind == OptimizerKind::kSgd) {
-                          for (int64_t i = r.begin(); i < r.end(); ++i) {
-                            params[i] -= lr * grads[i];
-                            grads[i] = 0.0f;
+    return Queue([=] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, count, 1 << 14),
+                        [&](const tbb::blocked_range<int64_t>& r) {
+                          if (kind == OptimizerKind::kSgd) {
+                            for (int64_t i = r.begin(); i < r.end(); ++i) {
+                              params[i] -= lr * grads[i];
+                              grads[i] = 0.0f;
+                            }
+                          } else {
+                            for (int64_t i = r.begin(); i < r.end(); ++i) {
+                              const float g = grads[i];
+                              state[i] += g * g;
+                              params[i] -= lr * g / (std::sqrt(state[i]) + eps);
+                              grads[i] = 0.0f;
+                            }
                           }
-                        } else {
-                          for (int64_t i = r.begin(); i < r.end(); ++i) {
-                            const float g = grads[i];
-                            state[i] += g * g;
-                            params[i] -= lr * g / (std::sqrt(state[i]) + eps);
-                            grads[i] = 0.0f;
-                          }
-                        }
-                      });
-    return absl::OkStatus();
+                        });
+    });
   }
+
+ private:
+  absl::Status Queue(std::function<void()> kernel) {
+    return context_->Launch(Stream::kCompute, std::move(kernel));
+  }
+
+  const std::shared_ptr<DeviceContext> context_;
 };
 
 }  // namespace
 
 std::unique_ptr<DenseBackend> CreateCpuDenseBackend(std::shared_ptr<DeviceContext> context,
                                                     bool deterministic) {
-  return std::make_unique<CpuDenseBackend>(deterministic);
+  return std::make_unique<CpuDenseBackend>(std::move(context), deterministic);
 }
 
 }  // namespace internal

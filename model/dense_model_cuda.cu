@@ -54,16 +54,30 @@ __device__ inline void PairOf(int k, int* i, int* j) {
   *j = k - row * (row - 1) / 2;
 }
 
-// One block per sample; V = [x, pooled_0 ..] staged in shared memory.
-__global__ void InteractionForwardKernel(const float* x, const float* pooled, int num_tables,
-                                         int dim, float* z) {
-  extern __shared__ float v[];  // (num_tables + 1) x dim
-  const int64_t s = blockIdx.x;
-  const int features = dim + (num_tables + 1) * num_tables / 2;
+// Shared-memory row stride of the interaction's vectors: odd, so that the threads of a warp
+// reading component d of different vectors hit different banks (a stride of dim = 48 or 64 would
+// put every other vector, or all of them, on one bank).
+__host__ __device__ inline int PaddedStride(int dim) { return dim % 2 == 0 ? dim + 1 : dim; }
+
+// Stages V = [x, pooled_0 .. pooled_{T-1}] of sample s into shared memory, row stride `ld`.
+__device__ inline void LoadVectors(const float* x, const float* pooled, int64_t s, int num_tables,
+                                   int dim, int ld, float* v) {
   const int vectors = num_tables + 1;
   for (int e = threadIdx.x; e < vectors * dim; e += blockDim.x) {
-    v[e] = e < dim ? x[s * dim + e] : pooled[(s * num_tables) * dim + (e - dim)];
+    const int w = e / dim;
+    const int d = e - w * dim;
+    v[w * ld + d] = w == 0 ? x[s * dim + d] : pooled[(s * num_tables) * dim + (e - dim)];
   }
+}
+
+// One block per sample; V staged in shared memory.
+__global__ void InteractionForwardKernel(const float* x, const float* pooled, int num_tables,
+                                         int dim, float* z) {
+  extern __shared__ float v[];  // (num_tables + 1) rows of stride PaddedStride(dim)
+  const int64_t s = blockIdx.x;
+  const int ld = PaddedStride(dim);
+  const int features = dim + (num_tables + 1) * num_tables / 2;
+  LoadVectors(x, pooled, s, num_tables, dim, ld, v);
   __syncthreads();
   float* out = z + s * features;
   for (int e = threadIdx.x; e < dim; e += blockDim.x) out[e] = v[e];
@@ -71,8 +85,8 @@ __global__ void InteractionForwardKernel(const float* x, const float* pooled, in
   for (int k = threadIdx.x; k < pairs; k += blockDim.x) {
     int i, j;
     PairOf(k, &i, &j);
-    const float* a = v + i * dim;
-    const float* b = v + j * dim;
+    const float* a = v + i * ld;
+    const float* b = v + j * ld;
     float dot = 0.0f;
     for (int d = 0; d < dim; ++d) dot += a[d] * b[d];
     out[dim + k] = dot;
@@ -83,15 +97,14 @@ __global__ void InteractionForwardKernel(const float* x, const float* pooled, in
 // pairs that involve w in increasing pair order, as the CPU backend does.
 __global__ void InteractionBackwardKernel(const float* dz, const float* x, const float* pooled,
                                           int num_tables, int dim, float* dx, float* dpooled) {
-  extern __shared__ float v[];  // (num_tables + 1) x dim, then the pair gradients
+  extern __shared__ float v[];  // (num_tables + 1) rows of stride ld, then the pair gradients
   const int64_t s = blockIdx.x;
+  const int ld = PaddedStride(dim);
   const int features = dim + (num_tables + 1) * num_tables / 2;
   const int vectors = num_tables + 1;
   const int pairs = features - dim;
-  float* g = v + vectors * dim;
-  for (int e = threadIdx.x; e < vectors * dim; e += blockDim.x) {
-    v[e] = e < dim ? x[s * dim + e] : pooled[(s * num_tables) * dim + (e - dim)];
-  }
+  float* g = v + vectors * ld;
+  LoadVectors(x, pooled, s, num_tables, dim, ld, v);
   const float* dz_row = dz + s * features;
   for (int k = threadIdx.x; k < pairs; k += blockDim.x) g[k] = dz_row[dim + k];
   __syncthreads();
@@ -101,9 +114,9 @@ __global__ void InteractionBackwardKernel(const float* dz, const float* x, const
     float acc = w == 0 ? dz_row[d] : 0.0f;
     // Pairs (w, j), j < w: k = w(w-1)/2 + j.
     const int first = w * (w - 1) / 2;
-    for (int j = 0; j < w; ++j) acc += g[first + j] * v[j * dim + d];
+    for (int j = 0; j < w; ++j) acc += g[first + j] * v[j * ld + d];
     // Pairs (i, w), i > w: k = i(i-1)/2 + w.
-    for (int i = w + 1; i < vectors; ++i) acc += g[i * (i - 1) / 2 + w] * v[i * dim + d];
+    for (int i = w + 1; i < vectors; ++i) acc += g[i * (i - 1) / 2 + w] * v[i * ld + d];
     if (w == 0) {
       dx[s * dim + d] = acc;
     } else {
@@ -149,13 +162,27 @@ __global__ void AdagradKernel(float lr, float eps, int64_t count, float* params,
   }
 }
 
+// Size of the workspace given to cuBLAS up front (NVIDIA's recommendation for Hopper), so that
+// no GEMM allocates device memory in the steady state.
+constexpr size_t kCublasWorkspaceBytes = 32u << 20;
+
 class CudaDenseBackend final : public DenseBackend {
  public:
-  CudaDenseBackend(std::shared_ptr<DeviceContext> context, int sm_count)
+  // Takes ownership of `cublas` (a handle of its own: the context's shared handle keeps its
+  // state) and of `workspace`.
+  CudaDenseBackend(std::shared_ptr<DeviceContext> context, int sm_count, int max_shared_optin,
+                   cublasHandle_t cublas, DeviceArray<char> workspace)
       : context_(std::move(context)),
         stream_(static_cast<cudaStream_t>(context_->stream(Stream::kCompute))),
-        cublas_(static_cast<cublasHandle_t>(context_->cublas_handle())),
-        sm_count_(sm_count) {}
+        cublas_(cublas),
+        workspace_(std::move(workspace)),
+        sm_count_(sm_count),
+        max_shared_optin_(max_shared_optin) {}
+  ~CudaDenseBackend() override {
+    cudaSetDevice(context_->device_index());
+    cublasDestroy(cublas_);
+  }
+  void* workspace() { return workspace_.data(); }
 
   absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                     int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
@@ -195,8 +222,9 @@ class CudaDenseBackend final : public DenseBackend {
 
   absl::Status InteractionForward(const float* x, const float* pooled, int n, int num_tables,
                                   int dim, float* z) override {
-    const size_t shared = sizeof(float) * static_cast<size_t>(num_tables + 1) * dim;
-    RETURN_IF_ERROR(CheckShared(shared));
+    const size_t shared = sizeof(float) * static_cast<size_t>(num_tables + 1) * PaddedStride(dim);
+    RETURN_IF_ERROR(AllowShared(reinterpret_cast<const void*>(&InteractionForwardKernel), shared,
+                                &forward_shared_limit_));
     InteractionForwardKernel<<<n, kThreads, shared, stream_>>>(x, pooled, num_tables, dim, z);
     CUDA_RETURN_IF_LAUNCH_ERROR();
     return absl::OkStatus();
@@ -205,8 +233,10 @@ class CudaDenseBackend final : public DenseBackend {
   absl::Status InteractionBackward(const float* dz, const float* x, const float* pooled, int n,
                                    int num_tables, int dim, float* dx, float* dpooled) override {
     const size_t pairs = static_cast<size_t>(num_tables + 1) * num_tables / 2;
-    const size_t shared = sizeof(float) * (static_cast<size_t>(num_tables + 1) * dim + pairs);
-    RETURN_IF_ERROR(CheckShared(shared));
+    const size_t shared =
+        sizeof(float) * (static_cast<size_t>(num_tables + 1) * PaddedStride(dim) + pairs);
+    RETURN_IF_ERROR(AllowShared(reinterpret_cast<const void*>(&InteractionBackwardKernel), shared,
+                                &backward_shared_limit_));
     InteractionBackwardKernel<<<n, kThreads, shared, stream_>>>(dz, x, pooled, num_tables, dim, dx,
                                                                 dpooled);
     CUDA_RETURN_IF_LAUNCH_ERROR();
@@ -238,14 +268,20 @@ class CudaDenseBackend final : public DenseBackend {
     return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(needed, sm_count_ * 8LL)));
   }
 
-  static absl::Status CheckShared(size_t bytes) {
-    // The default per-block limit without opting in to more.
-    constexpr size_t kLimit = 48 * 1024;
-    if (bytes > kLimit) {
-      return absl::UnimplementedError(
-          absl::StrCat("DenseModel CUDA: the interaction of this shape needs ", bytes,
-                       " bytes of shared memory per sample, more than ", kLimit));
+  // Lets `kernel` use `bytes` of dynamic shared memory per block: up to 48 KiB by default;
+  // beyond that the kernel must opt in (cudaFuncSetAttribute), up to the device's opt-in limit.
+  // `*allowed` remembers what the kernel was opted in to.
+  absl::Status AllowShared(const void* kernel, size_t bytes, size_t* allowed) {
+    constexpr size_t kDefaultLimit = 48 * 1024;
+    if (bytes <= kDefaultLimit || bytes <= *allowed) return absl::OkStatus();
+    if (bytes > static_cast<size_t>(max_shared_optin_)) {
+      return absl::UnimplementedError(absl::StrCat(
+          "DenseModel CUDA: the interaction of this shape needs ", bytes,
+          " bytes of shared memory per sample, more than this GPU's ", max_shared_optin_));
     }
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(bytes)));
+    *allowed = bytes;
     return absl::OkStatus();
   }
 
@@ -255,7 +291,11 @@ class CudaDenseBackend final : public DenseBackend {
   DeviceArray<float> ones_;
   cudaStream_t stream_;
   cublasHandle_t cublas_;
+  DeviceArray<char> workspace_;
   int sm_count_;
+  int max_shared_optin_;
+  size_t forward_shared_limit_ = 0;
+  size_t backward_shared_limit_ = 0;
 };
 
 }  // namespace
@@ -269,14 +309,28 @@ absl::StatusOr<std::unique_ptr<DenseBackend>> CreateCudaDenseBackend(
   int sm_count = 0;
   CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, context->device_index()));
-  auto handle = static_cast<cublasHandle_t>(context->cublas_handle());
+  int max_shared_optin = 0;
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
+      &max_shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, context->device_index()));
+  ASSIGN_OR_RETURN(auto workspace, DeviceArray<char>::Create(context, kCublasWorkspaceBytes));
+  // A handle of our own: the modes below would otherwise change the context's shared handle
+  // under every other user of it.
+  cublasHandle_t handle = nullptr;
+  CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle));
+  auto backend = std::unique_ptr<DenseBackend>(
+      new CudaDenseBackend(context, sm_count, max_shared_optin, handle, std::move(workspace)));
+  auto* cuda_backend = static_cast<CudaDenseBackend*>(backend.get());
+  CUBLAS_RETURN_IF_ERROR(
+      cublasSetStream(handle, static_cast<cudaStream_t>(context->stream(Stream::kCompute))));
+  CUBLAS_RETURN_IF_ERROR(
+      cublasSetWorkspace(handle, cuda_backend->workspace(), kCublasWorkspaceBytes));
   // alpha and beta are passed from the host.
   CUBLAS_RETURN_IF_ERROR(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
   // cuBLAS is reproducible run to run unless a routine may use atomics; forbid them.
   if (deterministic) {
     CUBLAS_RETURN_IF_ERROR(cublasSetAtomicsMode(handle, CUBLAS_ATOMICS_NOT_ALLOWED));
   }
-  return std::unique_ptr<DenseBackend>(new CudaDenseBackend(std::move(context), sm_count));
+  return backend;
 }
 
 }  // namespace bagpipe::internal

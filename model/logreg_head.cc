@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/random.h"
+#include "core/status.h"
 
 namespace bagpipe {
 namespace {
@@ -27,7 +28,7 @@ absl::StatusOr<std::unique_ptr<LogRegHead>> LogRegHead::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("logreg: ", num_tables, " tables of dim ", dim, ": both must be positive"));
   }
-  std::unique_ptr<LogRegHead> head(new LogRegHead(num_tables * dim, optimizer));
+  std::unique_ptr<LogRegHead> head(new LogRegHead(context, num_tables * dim, optimizer));
   head->parameters_.resize(head->width_ + 1, 0.0f);
   for (int k = 0; k < head->width_; ++k) {
     head->parameters_[k] = static_cast<float>(0.1 * UnitDouble(HashKey(seed, 0x109e, k)) - 0.05);
@@ -46,6 +47,7 @@ double LogRegHead::Logit(const float* pooled_row) const {
 absl::StatusOr<double> LogRegHead::ForwardBackward(const float* /*dense*/, const float* pooled,
                                                    const float* labels, int n, float loss_scale,
                                                    float* pooled_grad) {
+  RETURN_IF_ERROR(context_->Synchronize());
   double loss = 0;
   for (int s = 0; s < n; ++s) {
     const float* row = pooled + static_cast<size_t>(s) * width_;
@@ -64,6 +66,7 @@ absl::StatusOr<double> LogRegHead::ForwardBackward(const float* /*dense*/, const
 
 absl::StatusOr<double> LogRegHead::Forward(const float* /*dense*/, const float* pooled,
                                            const float* labels, int n, float* probabilities_host) {
+  RETURN_IF_ERROR(context_->Synchronize());
   double loss = 0;
   for (int s = 0; s < n; ++s) {
     const double logit = Logit(pooled + static_cast<size_t>(s) * width_);

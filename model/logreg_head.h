@@ -5,12 +5,16 @@
 // `bagpipe train --model logreg` and the embedding-only model of the cache-mode benchmarks.
 //
 // Same calling contract as DenseModel (model/dense_model.h). CPU contexts only: the few
-// multiply-adds per sample run on the host. Not thread-safe.
+// multiply-adds per sample run on the host, after synchronising the compute stream (on a context
+// with asynchronous streams the pooled embeddings are ready only then, and the previous
+// iteration's reads of pooled_grad are done): that is the iteration's one host synchronisation.
+// Not thread-safe.
 #ifndef BAGPIPE_MODEL_LOGREG_HEAD_H_
 #define BAGPIPE_MODEL_LOGREG_HEAD_H_
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -45,9 +49,11 @@ class LogRegHead {
   absl::Status WriteOptimizerState(const std::vector<float>& state);
 
  private:
-  LogRegHead(int width, OptimizerConfig optimizer) : width_(width), optimizer_(optimizer) {}
+  LogRegHead(std::shared_ptr<DeviceContext> context, int width, OptimizerConfig optimizer)
+      : context_(std::move(context)), width_(width), optimizer_(optimizer) {}
   double Logit(const float* pooled_row) const;
 
+  const std::shared_ptr<DeviceContext> context_;
   const int width_;  // num_tables * dim
   const OptimizerConfig optimizer_;
   std::vector<float> parameters_;  // w[width], b

@@ -11,6 +11,9 @@
 
 #include "core/device.h"
 #include "core/random.h"
+#if BAGPIPE_WITH_CUDA
+#include <cublas_v2.h>
+#endif
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -502,6 +505,80 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, DenseModelCudaTest,
                          [](const ::testing::TestParamInfo<OptimizerKind>& info) {
                            return info.param == OptimizerKind::kSgd ? "Sgd" : "Adagrad";
                          });
+
+// A DenseModel and its inputs on the GPU and on the CPU, for the shape tests below.
+class DenseModelCudaShapeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: " << CudaDeviceDescription(0);
+    auto context = DeviceContext::Cuda(0);
+    ASSERT_TRUE(context.ok()) << context.status();
+    cuda_ = *context;
+  }
+  std::shared_ptr<DeviceContext> cuda_;
+};
+
+// 101 vectors of dim 128 need 52 KB of shared memory per sample: more than the 48 KB a kernel
+// gets without opting in (cudaFuncSetAttribute).
+TEST_F(DenseModelCudaShapeTest, AnInteractionBeyond48KiBOfSharedMemoryMatchesTheCpu) {
+  DenseModelConfig c;
+  c.num_dense = 4;
+  c.num_tables = 100;
+  c.dim = 128;
+  c.bottom = {4, 128};
+  c.top = {8, 1};
+  c.seed = 5;
+  c.deterministic = true;
+  auto cpu = MakeModel(DeviceContext::Cpu(CpuStreams::kSync), c);
+  auto gpu = MakeModel(cuda_, c);
+  ASSERT_TRUE(cpu && gpu);
+  constexpr int kN = 16;
+  const Batch b = MakeBatch(c, kN, 9);
+  std::vector<float> cpu_pooled_grad;
+  const double cpu_loss = TrainStep(*cpu, b, 1.0f / kN, &cpu_pooled_grad);
+  auto to_device = [&](const std::vector<float>& host) {
+    auto array = DeviceArray<float>::Create(cuda_, host.size());
+    EXPECT_TRUE(array.ok());
+    EXPECT_TRUE(cuda_->CopyToDevice(array->data(), host.data(), array->bytes()).ok());
+    EXPECT_TRUE(cuda_->Synchronize().ok());
+    return std::move(*array);
+  };
+  DeviceArray<float> dense = to_device(b.dense), pooled = to_device(b.pooled),
+                     labels = to_device(b.labels);
+  auto pooled_grad = DeviceArray<float>::Create(cuda_, b.pooled.size());
+  ASSERT_TRUE(pooled_grad.ok());
+  auto gpu_loss = gpu->ForwardBackward(dense.data(), pooled.data(), labels.data(), kN, 1.0f / kN,
+                                       pooled_grad->data());
+  ASSERT_TRUE(gpu_loss.ok()) << gpu_loss.status();
+  EXPECT_NEAR(*gpu_loss, cpu_loss, 1e-4 * cpu_loss);
+  std::vector<float> back(b.pooled.size());
+  ASSERT_TRUE(cuda_->CopyToHost(back.data(), pooled_grad->data(), back.size() * 4).ok());
+  ASSERT_TRUE(cuda_->Synchronize().ok());
+  double scale = 0;
+  for (float v : cpu_pooled_grad) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+  for (size_t i = 0; i < back.size(); ++i) {
+    ASSERT_NEAR(back[i], cpu_pooled_grad[i], 1e-4 * scale + 1e-3 * std::fabs(cpu_pooled_grad[i]))
+        << i;
+  }
+}
+
+#if BAGPIPE_WITH_CUDA
+TEST_F(DenseModelCudaShapeTest, LeavesTheContextsSharedCublasHandleAsItWas) {
+  auto shared = static_cast<cublasHandle_t>(cuda_->cublas_handle());
+  ASSERT_EQ(cublasSetAtomicsMode(shared, CUBLAS_ATOMICS_ALLOWED), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetPointerMode(shared, CUBLAS_POINTER_MODE_DEVICE), CUBLAS_STATUS_SUCCESS);
+  DenseModelConfig c = SmallConfig();
+  c.deterministic = true;
+  auto model = MakeModel(cuda_, c);
+  ASSERT_NE(model, nullptr);
+  cublasAtomicsMode_t atomics;
+  cublasPointerMode_t pointers;
+  ASSERT_EQ(cublasGetAtomicsMode(shared, &atomics), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasGetPointerMode(shared, &pointers), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(atomics, CUBLAS_ATOMICS_ALLOWED);
+  EXPECT_EQ(pointers, CUBLAS_POINTER_MODE_DEVICE);
+}
+#endif
 
 }  // namespace
 }  // namespace bagpipe
