@@ -168,7 +168,17 @@ absl::StatusOr<CpuStreams> ParseCpuStreams(std::string_view text) {
                                                  "' (expected sync, async or lazy)"));
 }
 
+namespace {
+std::atomic<int> default_cpu_streams_override{-1};
+}  // namespace
+
+void SetDefaultCpuStreamsForTesting(int mode) {
+  default_cpu_streams_override.store(mode, std::memory_order_relaxed);
+}
+
 CpuStreams DefaultCpuStreams() {
+  const int override_mode = default_cpu_streams_override.load(std::memory_order_relaxed);
+  if (override_mode >= 0 && override_mode <= 2) return static_cast<CpuStreams>(override_mode);
   static const CpuStreams mode = [] {
     const int64_t value = CpuStreamsMode();
     if (value < 0 || value > 2) {

@@ -74,8 +74,12 @@ enum class CpuStreams { kSync = 0, kAsync = 1, kLazy = 2 };
 std::string_view CpuStreamsName(CpuStreams mode);
 // "sync", "async" or "lazy".
 absl::StatusOr<CpuStreams> ParseCpuStreams(std::string_view text);
-// The mode of DeviceContext::Cpu(): the tunable BAGPIPE_CPU_STREAMS (core/tunables.h).
+// The mode of DeviceContext::Cpu(): the tunable BAGPIPE_CPU_STREAMS (core/tunables.h), unless a
+// test overrode it.
 CpuStreams DefaultCpuStreams();
+// Tests only: makes DeviceContext::Cpu() use `mode` from now on (kSync, kAsync or kLazy), or
+// the tunable again (-1). For suites that run whole jobs in several modes in one process.
+void SetDefaultCpuStreamsForTesting(int mode);
 
 class DeviceEvent;
 

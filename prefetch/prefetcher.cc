@@ -22,10 +22,15 @@ struct Prefetcher::Item {
   std::vector<std::vector<int64_t>> positions;
   int pending = 0;  // servers yet to answer
   bool ready = false;
-  // Host staging (pinned on CUDA) and device staging; on CPU the host buffer serves both.
+  // Host staging (pinned on CUDA) and device staging; on a synchronous CPU context the host
+  // buffer serves both.
   float* host = nullptr;
   float* device = nullptr;
   int64_t capacity_floats = 0;
+  // After the copy host -> device (copy stream), and after the last read of `device` by the
+  // stream it was released to. Created with the item; recorded once per use.
+  DeviceEvent copied;
+  DeviceEvent released;
 
   ~Item() {
     if (context == nullptr) return;
@@ -36,13 +41,14 @@ struct Prefetcher::Item {
 
 Prefetcher::Prefetcher(Transport& transport, JobLayout layout, int trainer,
                        std::shared_ptr<DeviceContext> context, int record_floats,
-                       absl::Duration peer_timeout)
+                       absl::Duration peer_timeout, int buffers)
     : transport_(transport),
       layout_(layout),
       trainer_(trainer),
       context_(std::move(context)),
       record_floats_(record_floats),
-      peer_timeout_(peer_timeout) {
+      peer_timeout_(peer_timeout),
+      buffers_(std::max(buffers, 1)) {
   receiver_ = std::thread([this] { ReceiveLoop(); });
 }
 
@@ -59,9 +65,23 @@ Prefetcher::~Prefetcher() {
 }
 
 absl::Status Prefetcher::Request(Iteration iteration, const std::vector<RowId>& rows,
-                                 const std::vector<Iteration>& after_stamps) {
+                                 const std::vector<Iteration>& after_stamps, int64_t room) {
   const int servers = layout_.servers;
   std::vector<FetchRequest> requests(servers);
+  const int64_t rows_room = std::max<int64_t>(static_cast<int64_t>(rows.size()), room);
+  if (!made_buffers_) {
+    // Every buffer the caller's iterations in flight need, now: made one by one as the pipeline
+    // first fills, the last would appear whenever the timing first allowed that many in flight.
+    made_buffers_ = true;
+    for (int k = 1; k < buffers_; ++k) {
+      auto spare = std::make_unique<Item>();
+      ASSIGN_OR_RETURN(spare->copied, DeviceEvent::Create(context_));
+      ASSIGN_OR_RETURN(spare->released, DeviceEvent::Create(context_));
+      RETURN_IF_ERROR(Grow(*spare, rows_room));
+      absl::MutexLock lock(&mu_);
+      free_items_.push_back(std::move(spare));
+    }
+  }
   auto item = std::unique_ptr<Item>();
   {
     absl::MutexLock lock(&mu_);
@@ -70,37 +90,36 @@ absl::Status Prefetcher::Request(Iteration iteration, const std::vector<RowId>& 
       return absl::InternalError(absl::StrCat("prefetch requests out of order: ", iteration,
                                               " after ", items_.rbegin()->first));
     }
-    // Reuse the largest free buffers when they are big enough.
+    // A free buffer big enough, else the largest free one (it grows below): the number of
+    // buffers stays the number of iterations in flight.
     const int64_t floats = static_cast<int64_t>(rows.size()) * record_floats_;
+    auto chosen = free_items_.end();
     for (auto it = free_items_.begin(); it != free_items_.end(); ++it) {
       if ((*it)->capacity_floats >= floats) {
-        item = std::move(*it);
-        free_items_.erase(it);
+        chosen = it;
         break;
       }
+      if (chosen == free_items_.end() || (*it)->capacity_floats > (*chosen)->capacity_floats) {
+        chosen = it;
+      }
+    }
+    if (chosen != free_items_.end()) {
+      item = std::move(*chosen);
+      free_items_.erase(chosen);
     }
   }
-  if (item == nullptr) item = std::make_unique<Item>();
-  const int64_t floats = static_cast<int64_t>(rows.size()) * record_floats_;
-  if (item->capacity_floats < floats) {
-    // Grow to the next power of two to amortise reallocations.
-    int64_t capacity = 1;
-    while (capacity < floats) capacity <<= 1;
-    Item fresh;
-    fresh.context = context_.get();
-    ASSIGN_OR_RETURN(void* host, context_->AllocatePinned(capacity * sizeof(float)));
-    fresh.host = static_cast<float*>(host);
-    if (context_->is_cuda()) {
-      ASSIGN_OR_RETURN(void* device, context_->Allocate(capacity * sizeof(float)));
-      fresh.device = static_cast<float*>(device);
-    } else {
-      fresh.device = fresh.host;
-    }
-    fresh.capacity_floats = capacity;
-    std::swap(item->context, fresh.context);
-    std::swap(item->host, fresh.host);
-    std::swap(item->device, fresh.device);
-    std::swap(item->capacity_floats, fresh.capacity_floats);
+  if (item == nullptr) {
+    item = std::make_unique<Item>();
+    ASSIGN_OR_RETURN(item->copied, DeviceEvent::Create(context_));
+    ASSIGN_OR_RETURN(item->released, DeviceEvent::Create(context_));
+  } else {
+    // The receiver is about to write the host staging: the copy out of it must have run (it
+    // normally has, iterations ago: the query then costs no synchronisation).
+    ASSIGN_OR_RETURN(const bool copied, item->copied.Query());
+    if (!copied) RETURN_IF_ERROR(item->copied.Synchronize());
+  }
+  if (item->capacity_floats < static_cast<int64_t>(rows.size()) * record_floats_) {
+    RETURN_IF_ERROR(Grow(*item, rows_room));
   }
   item->iteration = iteration;
   item->rows = static_cast<int64_t>(rows.size());
@@ -137,6 +156,30 @@ absl::Status Prefetcher::Request(Iteration iteration, const std::vector<RowId>& 
   return absl::OkStatus();
 }
 
+absl::Status Prefetcher::Grow(Item& item, int64_t rows) {
+  // The next power of two, to amortise reallocations. The old buffers are not in use: the
+  // item is free, and freeing waits for every stream (DeviceContext::Free).
+  const int64_t floats = rows * record_floats_;
+  int64_t capacity = 1;
+  while (capacity < floats) capacity <<= 1;
+  Item fresh;
+  fresh.context = context_.get();
+  ASSIGN_OR_RETURN(void* host, context_->AllocatePinned(capacity * sizeof(float)));
+  fresh.host = static_cast<float*>(host);
+  if (context_->is_asynchronous()) {
+    ASSIGN_OR_RETURN(void* device, context_->Allocate(capacity * sizeof(float)));
+    fresh.device = static_cast<float*>(device);
+  } else {
+    fresh.device = fresh.host;
+  }
+  fresh.capacity_floats = capacity;
+  std::swap(item.context, fresh.context);
+  std::swap(item.host, fresh.host);
+  std::swap(item.device, fresh.device);
+  std::swap(item.capacity_floats, fresh.capacity_floats);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Prefetcher::Staging> Prefetcher::Wait(Iteration iteration) {
   Stopwatch watch;
   absl::MutexLock lock(&mu_);
@@ -151,16 +194,26 @@ absl::StatusOr<Prefetcher::Staging> Prefetcher::Wait(Iteration iteration) {
   stats_.wait_seconds += waited;
   stats_.max_wait_seconds = std::max(stats_.max_wait_seconds, waited);
   RETURN_IF_ERROR(error_);
-  return Staging{item->device, item->rows};
+  return Staging{item->device, item->rows, &item->copied};
 }
 
-void Prefetcher::Release(Iteration iteration) {
+absl::Status Prefetcher::Release(Iteration iteration, Stream reader) {
+  std::unique_ptr<Item> item;
+  {
+    absl::MutexLock lock(&mu_);
+    auto found = items_.find(iteration);
+    if (found == items_.end()) return absl::OkStatus();
+    item = std::move(found->second);
+    items_.erase(found);
+  }
+  // The next copy into this device staging waits for the reads queued so far on `reader`.
+  absl::Status recorded = item->released.Record(reader);
   absl::MutexLock lock(&mu_);
-  auto found = items_.find(iteration);
-  if (found == items_.end()) return;
-  constexpr size_t kKeepFree = 4;
-  if (free_items_.size() < kKeepFree) free_items_.push_back(std::move(found->second));
-  items_.erase(found);
+  // The caller bounds the iterations in flight; keeping every buffer avoids freeing and
+  // allocating again in the steady state.
+  constexpr size_t kKeepFree = 16;
+  if (recorded.ok() && free_items_.size() < kKeepFree) free_items_.push_back(std::move(item));
+  return recorded;
 }
 
 PrefetchStats Prefetcher::stats() const {
@@ -207,11 +260,13 @@ absl::Status Prefetcher::HandleResponse(const Message& message) {
     complete = --item->pending == 0;
   }
   if (complete) {
-    if (context_->is_cuda()) {
+    if (item->device != item->host) {
+      // The device staging may still be read by the fill of its previous use.
+      RETURN_IF_ERROR(context_->StreamWaitEvent(Stream::kCopy, item->released));
       RETURN_IF_ERROR(context_->CopyToDevice(
           item->device, item->host, item->rows * record_floats_ * sizeof(float), Stream::kCopy));
-      RETURN_IF_ERROR(context_->Synchronize(Stream::kCopy));
     }
+    RETURN_IF_ERROR(item->copied.Record(Stream::kCopy));
     absl::MutexLock lock(&mu_);
     item->ready = true;
   }

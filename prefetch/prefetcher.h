@@ -2,16 +2,22 @@
 //
 // The trainer announces, in iteration order and ahead of time, which rows each iteration
 // fills (Request). The prefetcher immediately sends one batched fetch per embedding server,
-// and a receiver thread lands the responses in pinned host staging, copies each completed
-// iteration to device staging on the context's copy stream, and marks it ready. At the
-// iteration boundary the trainer takes the staging (Wait) and fills its cache slots from it;
-// Release recycles the buffers. Memory is bounded by the number of iterations requested and not
-// yet released (the caller bounds that: plans in flight).
+// and a receiver thread lands the responses in pinned host staging, queues the copy of each
+// completed iteration to device staging on the context's copy stream, records an event after
+// it and marks the iteration ready; no thread waits for the copy. At the iteration boundary the
+// trainer takes the staging (Wait), makes its stream wait for the event, queues the fill of its
+// cache slots, and hands the buffers back (Release) with the stream that reads them: before the
+// next copy into that device staging, the copy stream waits for that stream's reads, and before
+// the receiver writes the host staging again, the copy out of it has run. On a synchronous CPU
+// context the host staging serves as device staging and the events are no-ops. Memory is
+// bounded by the number of iterations requested and not yet released (the caller bounds that:
+// plans in flight); buffers are recycled, so steady-state iterations allocate nothing.
 //
 // Errors (a server's DataLoss, a timeout because a server died, an abort elsewhere) are
 // delivered to the trainer by Wait as a Status; nothing hangs: every wait has the peer timeout.
 // Thread-safety: Request/Wait/Release are called from the trainer's threads (Request from the
-// plan thread, Wait/Release from the training thread); stats() from any thread.
+// plan thread, Wait/Release from the training thread), each of which made the context current;
+// stats() from any thread.
 #ifndef BAGPIPE_PREFETCH_PREFETCHER_H_
 #define BAGPIPE_PREFETCH_PREFETCHER_H_
 
@@ -44,32 +50,43 @@ struct PrefetchStats {
 
 class Prefetcher {
  public:
+  // `buffers`: iterations the caller keeps requested and not yet released (the staging buffers
+  // made at the first request, so that no buffer is added in the steady state).
   Prefetcher(Transport& transport, JobLayout layout, int trainer,
-             std::shared_ptr<DeviceContext> context, int record_floats,
-             absl::Duration peer_timeout);
+             std::shared_ptr<DeviceContext> context, int record_floats, absl::Duration peer_timeout,
+             int buffers = 1);
   // Stops the receiver thread. Outstanding requests are abandoned.
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
 
-  // Fetches `rows` for `iteration` (each after its write-back stamp, see sync/protocol.h).
-  // REQUIRES: iterations strictly increase across calls.
+  // Fetches `rows` for `iteration` (each after its write-back stamp, see sync/protocol.h). A
+  // staging buffer that must grow grows to hold at least `room` rows (the caller's bound on
+  // later requests, e.g. twice a batch's distinct rows), so that buffers stop growing once the
+  // first iterations were seen. REQUIRES: iterations strictly increase across calls.
   absl::Status Request(Iteration iteration, const std::vector<RowId>& rows,
-                       const std::vector<Iteration>& after_stamps);
+                       const std::vector<Iteration>& after_stamps, int64_t room = 0);
 
   struct Staging {
     const float* device = nullptr;  // rows.size() records, request order, context memory
     int64_t rows = 0;
+    // Recorded on the copy stream after the copy into `device`: a stream reading `device` must
+    // wait for it (DeviceContext::StreamWaitEvent). Valid until Release.
+    const DeviceEvent* ready = nullptr;
   };
-  // Blocks until `iteration`'s rows are in device staging. REQUIRES: Request(iteration) was
-  // called. The staging stays valid until Release(iteration).
+  // Blocks until `iteration`'s rows have arrived and their copy to device staging is queued.
+  // REQUIRES: Request(iteration) was called. The staging stays valid until Release(iteration).
   absl::StatusOr<Staging> Wait(Iteration iteration);
-  void Release(Iteration iteration);
+  // Recycles `iteration`'s buffers once the work queued so far on `reader` (the stream that reads
+  // the staging) has run. Unknown iterations are ignored.
+  absl::Status Release(Iteration iteration, Stream reader = Stream::kCompute);
 
   PrefetchStats stats() const;
 
  private:
   struct Item;
+  // Gives `item` new (empty) buffers for `rows` records or more.
+  absl::Status Grow(Item& item, int64_t rows);
   void ReceiveLoop();
   absl::Status HandleResponse(const Message& message);
   void FailAll(const absl::Status& status);
@@ -80,6 +97,8 @@ class Prefetcher {
   const std::shared_ptr<DeviceContext> context_;
   const int record_floats_;
   const absl::Duration peer_timeout_;
+  const int buffers_;
+  bool made_buffers_ = false;  // Request's thread only
 
   // Guards the items, the request map, the error and the stats.
   mutable absl::Mutex mu_;

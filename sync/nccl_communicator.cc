@@ -214,6 +214,15 @@ absl::Status NcclCommunicator::Wait(CUstream_st* stream, bool stream_too, absl::
 
 absl::Status NcclCommunicator::AllReduceSum(float* device_data, size_t count, CUstream_st* stream,
                                             bool deterministic, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  RETURN_IF_ERROR(EnqueueAllReduceSum(device_data, count, stream, deterministic, timeout));
+  if (count == 0) return absl::OkStatus();
+  return Wait(stream, /*stream_too=*/true, deadline, "all-reduce");
+}
+
+absl::Status NcclCommunicator::EnqueueAllReduceSum(float* device_data, size_t count,
+                                                   CUstream_st* stream, bool deterministic,
+                                                   absl::Duration timeout) {
   if (!failed_.ok()) return failed_;
   if (count == 0) return absl::OkStatus();
   const absl::Time deadline = absl::Now() + timeout;
@@ -224,9 +233,11 @@ absl::Status NcclCommunicator::AllReduceSum(float* device_data, size_t count, CU
     if (rc != ncclSuccess && rc != ncclInProgress) {
       return Fail(internal::NcclStatus(rc, "ncclAllReduce", __FILE__, __LINE__));
     }
-    return Wait(stream, /*stream_too=*/true, deadline, "all-reduce");
+    return Wait(stream, /*stream_too=*/false, deadline, "all-reduce");
   }
   if (scratch_count_ < count) {
+    // Grows once (the dense gradients keep their size); cudaFree waits for the device, so the
+    // old scratch is not in use.
     if (scratch_ != nullptr) {
       CUDA_RETURN_IF_ERROR(cudaFree(scratch_));
       scratch_ = nullptr;
@@ -236,7 +247,8 @@ absl::Status NcclCommunicator::AllReduceSum(float* device_data, size_t count, CU
         cudaMalloc(&scratch_, static_cast<size_t>(members_) * count * sizeof(float)));
     scratch_count_ = count;
   }
-  // Rank-major: member m's `count` floats land at scratch_ + m * count.
+  // Rank-major: member m's `count` floats land at scratch_ + m * count. The scratch is reused by
+  // the next call on the same stream, after this one's sum.
   const ncclResult_t rc = ncclAllGather(device_data, scratch_, count, ncclFloat, comm_, stream);
   if (rc != ncclSuccess && rc != ncclInProgress) {
     return Fail(internal::NcclStatus(rc, "ncclAllGather", __FILE__, __LINE__));
@@ -244,8 +256,7 @@ absl::Status NcclCommunicator::AllReduceSum(float* device_data, size_t count, CU
   // Wait until NCCL enqueued the gather (non-blocking communicator) before queuing the sum
   // behind it; the stream orders the two on the device.
   RETURN_IF_ERROR(Wait(stream, /*stream_too=*/false, deadline, "all-gather"));
-  RETURN_IF_ERROR(internal::FixedOrderSumOnDevice(scratch_, members_, count, device_data, stream));
-  return Wait(stream, /*stream_too=*/true, deadline, "all-gather + fixed-order sum");
+  return internal::FixedOrderSumOnDevice(scratch_, members_, count, device_data, stream);
 }
 
 }  // namespace bagpipe

@@ -69,6 +69,13 @@ class NcclCommunicator {
   // the communicator is aborted and the error returned (later calls fail with it too).
   absl::Status AllReduceSum(float* device_data, size_t count, CUstream_st* stream,
                             bool deterministic, absl::Duration timeout);
+  // The same, returning once the collective is queued on `stream` (the non-blocking
+  // communicator has enqueued it): the result is in `device_data` for work queued on `stream`
+  // afterwards, and no host thread waits for it. A peer that never joins leaves the stream
+  // stuck: the caller bounds its own waits on the stream (DeviceContext::set_sync_timeout), and
+  // destroying the communicator aborts it.
+  absl::Status EnqueueAllReduceSum(float* device_data, size_t count, CUstream_st* stream,
+                                   bool deterministic, absl::Duration timeout);
 
  private:
   NcclCommunicator(ncclComm* comm, int device, int members, int me, absl::Duration timeout,

@@ -57,6 +57,10 @@ absl::StatusOr<TrainerOutcome> DecodeOutcome(const Bytes& bytes) {
   st.dense_allreduce = s.value("dense_allreduce", std::string());
   st.checkpoints = s.value("checkpoints", int64_t{0});
   st.checkpoint_seconds = s.value("checkpoint_seconds", 0.0);
+  st.host_syncs = s.value("host_syncs", int64_t{0});
+  st.max_iteration_host_syncs = s.value("max_iteration_host_syncs", int64_t{0});
+  st.growth_iterations = s.value("growth_iterations", int64_t{0});
+  st.last_growth_iteration = s.value("last_growth_iteration", int64_t{-1});
   return outcome;
 }
 

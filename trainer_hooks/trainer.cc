@@ -1,6 +1,7 @@
 #include "trainer_hooks/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <deque>
 #include <thread>
@@ -18,7 +19,10 @@
 #include "sync/nccl_communicator.h"
 #endif
 #include "sync/protocol.h"
+#include "trainer_hooks/batch_staging.h"
+#include "trainer_hooks/ordering_faults.h"
 #include "trainer_hooks/plan_codec.h"
+#include "trainer_hooks/write_back_sender.h"
 
 namespace bagpipe {
 
@@ -46,7 +50,11 @@ nlohmann::json TrainerStats::ToJson() const {
           {"allreduce_seconds", allreduce_seconds},
           {"checkpoints", checkpoints},
           {"checkpoint_seconds", checkpoint_seconds},
-          {"dense_allreduce", dense_allreduce}};
+          {"dense_allreduce", dense_allreduce},
+          {"host_syncs", host_syncs},
+          {"max_iteration_host_syncs", max_iteration_host_syncs},
+          {"growth_iterations", growth_iterations},
+          {"last_growth_iteration", last_growth_iteration}};
 }
 
 namespace {
@@ -57,14 +65,18 @@ constexpr Iteration kFinalStamp = std::numeric_limits<Iteration>::max() / 4;
 // serve them only after every trainer's final write-back (sync/protocol.h).
 constexpr Iteration kEvalIterationBase = std::numeric_limits<Iteration>::max() / 8;
 
-// A host or device buffer of T that grows on demand (contents are not preserved).
+// A host or device buffer of T that grows on demand (contents are not preserved). Growing
+// frees the old array, which waits for the device (DeviceContext::Free): it grows to at least
+// `headroom` elements, so that it does not grow again in the steady state.
 template <typename T>
 class Buffer {
  public:
-  absl::Status Reserve(const std::shared_ptr<DeviceContext>& context, size_t size) {
+  absl::Status Reserve(const std::shared_ptr<DeviceContext>& context, size_t size,
+                       size_t headroom = 0) {
     if (array_.size() >= size && array_.size() > 0) return absl::OkStatus();
     size_t capacity = std::max<size_t>(64, array_.size());
-    while (capacity < size) capacity *= 2;
+    while (capacity < std::max(size, headroom)) capacity *= 2;
+    array_.Reset();
     ASSIGN_OR_RETURN(array_, DeviceArray<T>::Create(context, capacity));
     return absl::OkStatus();
   }
@@ -83,6 +95,90 @@ struct LaterExchange {
   std::vector<float> own;  // own gradient per shared entry (dim each; 0 if none)
 };
 
+// Device phases timed by timing events on the streams: CUDA events on a GPU, the executors'
+// clocks on asynchronous CPU streams, the host clock on a synchronous CPU context. Each
+// iteration records into one frame of a ring; a frame's times are collected once its events
+// have completed (queries: no host synchronisation), at the latest when the frame is reused.
+// A phase is timed from its first Begin to its first End in a frame.
+enum Phase { kBoundaryPhase = 0, kLookupPhase, kReducePhase, kApplyPhase, kNumPhases };
+
+class PhaseClock {
+ public:
+  absl::Status Init(const std::shared_ptr<DeviceContext>& context, int frames) {
+    frames_.resize(frames);
+    for (Frame& frame : frames_) {
+      for (int p = 0; p < kNumPhases; ++p) {
+        ASSIGN_OR_RETURN(frame.begin[p], DeviceEvent::Create(context, /*timing=*/true));
+        ASSIGN_OR_RETURN(frame.end[p], DeviceEvent::Create(context, /*timing=*/true));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Starts the next frame; the frame it reuses is collected first (waiting if it must).
+  absl::Status NextFrame(double* seconds) {
+    current_ = (current_ + 1) % static_cast<int>(frames_.size());
+    return CollectFrame(frames_[current_], /*wait=*/true, seconds);
+  }
+  absl::Status Begin(Phase phase, Stream stream) {
+    if (current_ < 0) return absl::OkStatus();
+    Frame& frame = frames_[current_];
+    if (frame.state[phase] != kIdle) return absl::OkStatus();
+    frame.state[phase] = kBegun;
+    return frame.begin[phase].Record(stream);
+  }
+  absl::Status End(Phase phase, Stream stream) {
+    if (current_ < 0) return absl::OkStatus();
+    Frame& frame = frames_[current_];
+    if (frame.state[phase] != kBegun) return absl::OkStatus();
+    frame.state[phase] = kEnded;
+    return frame.end[phase].Record(stream);
+  }
+  // Adds the times of every frame whose events completed (every frame, waiting, with `wait`).
+  absl::Status Collect(bool wait, double* seconds) {
+    for (Frame& frame : frames_) RETURN_IF_ERROR(CollectFrame(frame, wait, seconds));
+    return absl::OkStatus();
+  }
+
+ private:
+  enum State { kIdle, kBegun, kEnded };
+  struct Frame {
+    std::array<DeviceEvent, kNumPhases> begin, end;
+    std::array<State, kNumPhases> state = {};
+  };
+
+  static absl::Status CollectFrame(Frame& frame, bool wait, double* seconds) {
+    for (int p = 0; p < kNumPhases; ++p) {
+      if (frame.state[p] == kIdle) continue;
+      if (frame.state[p] == kBegun) {
+        // Begun and never ended in its iteration (an error path): drop it.
+        if (!wait) continue;
+        frame.state[p] = kIdle;
+        continue;
+      }
+      ASSIGN_OR_RETURN(bool done, frame.end[p].Query());
+      if (!done) {
+        if (!wait) continue;
+        RETURN_IF_ERROR(frame.end[p].Synchronize());
+      }
+      ASSIGN_OR_RETURN(const double ms, DeviceEvent::ElapsedMs(frame.begin[p], frame.end[p]));
+      seconds[p] += std::max(ms, 0.0) / 1e3;
+      frame.state[p] = kIdle;
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<Frame> frames_;
+  int current_ = -1;
+};
+
+// A plan received from the oracle, with its arrays staged for the device.
+struct ReadyPlan {
+  PlanKind kind = PlanKind::kEnd;
+  TrainerPlan plan;
+  StagedPlan staged;
+};
+
 }  // namespace
 
 class Trainer::Impl {
@@ -97,10 +193,15 @@ class Trainer::Impl {
         dim_(options_.dim),
         record_floats_(RecordFloats(options_.sparse_optimizer.kind, options_.dim)) {}
 
-  ~Impl() { StopPlanThread(); }
+  ~Impl() {
+    StopPlanThread();
+    write_backs_.reset();  // before the buffers its thread reads
+  }
 
   absl::Status Start() {
     RETURN_IF_ERROR(context_->MakeCurrent());
+    // A collective whose peer died must not block a host wait forever.
+    context_->set_sync_timeout(options_.peer_timeout);
     const bool device_mode = options_.policy == CachePolicy::kDevice;
     const int64_t capacity = device_mode
                                  ? static_cast<int64_t>(options_.initializer.table_offsets().back())
@@ -111,8 +212,19 @@ class Trainer::Impl {
     ASSIGN_OR_RETURN(cache_,
                      EmbeddingCache::Create(context_, capacity, dim_, options_.sparse_optimizer));
     if (device_mode) RETURN_IF_ERROR(cache_->InitializeRows(options_.initializer, 0, capacity));
+    // Plans staged ahead: the prefetch depth, the iteration being trained and the one whose
+    // arrays the loop may still read.
+    const int in_flight = std::max(options_.prefetch_depth, 1) + 2;
+    ASSIGN_OR_RETURN(staging_, BatchStaging::Create(context_, in_flight));
+    ASSIGN_OR_RETURN(uploads_, UploadRing::Create(context_, 8));
+    ASSIGN_OR_RETURN(write_backs_,
+                     WriteBackSender::Create(transport_, layout_, context_, record_floats_));
+    RETURN_IF_ERROR(clock_.Init(context_, 8));
+    // One fetch per staged plan, and one for an evaluation batch.
     prefetcher_ = std::make_unique<Prefetcher>(transport_, layout_, id_, context_, record_floats_,
-                                               options_.peer_timeout);
+                                               options_.peer_timeout, in_flight + 1);
+    const OrderingFault fault = OrderingFaultForTesting();
+    skip_fill_wait_ = fault == OrderingFault::kSkipFillWait;
     plan_thread_ = std::thread([this] { PlanLoop(); });
     return absl::OkStatus();
   }
@@ -142,7 +254,13 @@ class Trainer::Impl {
   }
 
   TrainerStats stats() const {
+    // Device phase times of iterations whose events completed (never waits).
+    (void)clock_.Collect(/*wait=*/false, phase_seconds_);
     TrainerStats stats = stats_;
+    stats.boundary_seconds = phase_seconds_[kBoundaryPhase];
+    stats.lookup_seconds = phase_seconds_[kLookupPhase];
+    stats.reduce_seconds = phase_seconds_[kReducePhase];
+    stats.apply_seconds = phase_seconds_[kApplyPhase];
     const PrefetchStats prefetch = prefetcher_->stats();
     stats.fetched_bytes = prefetch.bytes;
     return stats;
@@ -153,6 +271,10 @@ class Trainer::Impl {
       return absl::FailedPreconditionError("BeginIteration called twice without EndIteration");
     }
     if (training_done_) return false;
+    EndCountedIteration();
+    // The previous iteration's arrays are no longer the loop's: their slot may be staged again
+    // once the compute stream has read them.
+    RETURN_IF_ERROR(ReleaseCurrent());
     RETURN_IF_ERROR(AwaitStart());
     if (!start_state_.empty()) {
       return absl::FailedPreconditionError(
@@ -160,34 +282,39 @@ class Trainer::Impl {
           "parameters, optimizer state), but the loop registered none (Trainer::SetLoopState)");
     }
     ForwardStopRequest();
-    std::pair<PlanKind, TrainerPlan> next;
+    ReadyPlan next;
     while (true) {
       Stopwatch wait_watch;
       ASSIGN_OR_RETURN(next, PopPlan());
       stats_.wait_seconds += wait_watch.Seconds();
-      if (next.first != PlanKind::kCheckpoint) break;
-      RETURN_IF_ERROR(RunCheckpoint(next.second));
+      if (next.kind != PlanKind::kCheckpoint) break;
+      RETURN_IF_ERROR(RunCheckpoint(next));
+      // A checkpoint is not a steady-state iteration: count the next one from here.
+      EndCountedIteration();
     }
-    if (next.first == PlanKind::kDrain) {
-      drain_ = std::move(next.second);
+    if (next.kind == PlanKind::kDrain) {
+      drain_ = std::move(next);
       training_done_ = true;
       return false;
     }
-    if (next.first != PlanKind::kIteration) {
+    if (next.kind != PlanKind::kIteration) {
       return absl::InternalError("expected a training plan from the oracle");
     }
-    plan_ = std::move(next.second);
-    Stopwatch boundary_watch;
+    plan_ = std::move(next.plan);
+    staged_ = next.staged;
+    counted_iteration_ = plan_.iteration;
+    RETURN_IF_ERROR(clock_.NextFrame(phase_seconds_));
     RETURN_IF_ERROR(CompleteLaterExchanges(plan_.iteration - 2));
-    RETURN_IF_ERROR(RunExtractions(plan_, plan_.iteration));
+    RETURN_IF_ERROR(clock_.Begin(kBoundaryPhase, Stream::kCompute));
+    RETURN_IF_ERROR(staging_->Acquire(staged_, Stream::kCompute));
+    RETURN_IF_ERROR(RunExtractions(plan_, staged_, plan_.iteration));
     Stopwatch fill_wait;
     ASSIGN_OR_RETURN(Prefetcher::Staging staging, prefetcher_->Wait(plan_.iteration));
-    const double waited = fill_wait.Seconds();
-    stats_.wait_seconds += waited;
-    RETURN_IF_ERROR(FillFromStaging(plan_, staging));
-    prefetcher_->Release(plan_.iteration);
-    RETURN_IF_ERROR(StageBatch(plan_, batch));
-    stats_.boundary_seconds += boundary_watch.Seconds() - waited;
+    stats_.wait_seconds += fill_wait.Seconds();
+    RETURN_IF_ERROR(FillFromStaging(cache_.get(), plan_.iteration, staged_.fill_slots,
+                                    static_cast<int64_t>(plan_.fills.size()), staging));
+    RETURN_IF_ERROR(clock_.End(kBoundaryPhase, Stream::kCompute));
+    MakeBatch(plan_, staged_, batch);
     const int64_t hits =
         static_cast<int64_t>(plan_.unique_rows.size()) - static_cast<int64_t>(plan_.fills.size());
     stats_.hits += std::max<int64_t>(hits, 0);
@@ -203,21 +330,22 @@ class Trainer::Impl {
     if (lookup_cache_ == nullptr) {
       return absl::FailedPreconditionError("LookupPooled outside an iteration");
     }
-    ScopedTimer timer(&stats_.lookup_seconds);
     const size_t out = static_cast<size_t>(batch_.num_samples) * batch_.num_tables * dim_;
     RETURN_IF_ERROR(pooled_.Reserve(context_, out));
+    RETURN_IF_ERROR(clock_.Begin(kLookupPhase, Stream::kCompute));
     RETURN_IF_ERROR(lookup_cache_->Gather(batch_.slots, batch_.offsets, batch_.num_tables,
                                           batch_.num_samples, pooled_.data()));
+    RETURN_IF_ERROR(clock_.End(kLookupPhase, Stream::kCompute));
     return pooled_.data();
   }
 
   absl::Status EndIteration(const float* pooled_grad) {
     if (!in_iteration_) return absl::FailedPreconditionError("EndIteration without BeginIteration");
-    {
-      ScopedTimer timer(&stats_.reduce_seconds);
-      RETURN_IF_ERROR(row_grads_.Reserve(context_, static_cast<size_t>(batch_.num_unique) * dim_));
-      RETURN_IF_ERROR(cache_->ReduceGradients(backward_, pooled_grad, row_grads_.data()));
-    }
+    const size_t row_floats = static_cast<size_t>(batch_.num_unique) * dim_;
+    RETURN_IF_ERROR(row_grads_.Reserve(context_, row_floats, row_floats + row_floats / 2));
+    RETURN_IF_ERROR(clock_.Begin(kReducePhase, Stream::kCompute));
+    RETURN_IF_ERROR(cache_->ReduceGradients(staged_.backward, pooled_grad, row_grads_.data()));
+    RETURN_IF_ERROR(clock_.End(kReducePhase, Stream::kCompute));
     return FinishIteration(row_grads_.data());
   }
 
@@ -238,6 +366,8 @@ class Trainer::Impl {
     }
     if (!context_->is_cuda()) {
       stats_.dense_allreduce = "transport";
+      // The gradients are written by work queued on the compute stream; the host reads them.
+      if (context_->is_asynchronous()) RETURN_IF_ERROR(context_->Synchronize());
       return AllReduce(data, count);
     }
     ScopedTimer timer(&stats_.allreduce_seconds);
@@ -255,9 +385,14 @@ class Trainer::Impl {
     }
     if (nccl_ != nullptr) {
       stats_.dense_allreduce = "nccl";
-      return nccl_->AllReduceSum(data, count,
-                                 static_cast<CUstream_st*>(context_->stream(Stream::kCompute)),
-                                 options_.deterministic, options_.peer_timeout);
+      // On its own stream, after the gradients (an event, not the whole compute stream), and
+      // the compute stream's next work (the optimizer step) after the sum; nothing waits on
+      // the host.
+      RETURN_IF_ERROR(context_->StreamWait(Stream::kComm, Stream::kCompute));
+      RETURN_IF_ERROR(nccl_->EnqueueAllReduceSum(
+          data, count, static_cast<CUstream_st*>(context_->stream(Stream::kComm)),
+          options_.deterministic, options_.peer_timeout));
+      return context_->StreamWait(Stream::kCompute, Stream::kComm);
     }
 #endif
     stats_.dense_allreduce = "transport-via-host";
@@ -273,18 +408,20 @@ class Trainer::Impl {
   absl::Status Flush() {
     if (in_iteration_) return absl::FailedPreconditionError("Flush inside an iteration");
     if (flushed_) return absl::OkStatus();
+    EndCountedIteration();
+    RETURN_IF_ERROR(ReleaseCurrent());
     // Consume the remaining plans up to the drain (a loop may stop early).
     if (!training_done_) RETURN_IF_ERROR(AwaitStart());
     while (!training_done_) {
-      ASSIGN_OR_RETURN(auto next, PopPlan());
-      if (next.first == PlanKind::kCheckpoint) {
-        RETURN_IF_ERROR(RunCheckpoint(next.second));
-      } else if (next.first == PlanKind::kDrain) {
-        drain_ = std::move(next.second);
+      ASSIGN_OR_RETURN(ReadyPlan next, PopPlan());
+      if (next.kind == PlanKind::kCheckpoint) {
+        RETURN_IF_ERROR(RunCheckpoint(next));
+      } else if (next.kind == PlanKind::kDrain) {
+        drain_ = std::move(next);
         training_done_ = true;
-      } else if (next.first == PlanKind::kIteration) {
+      } else if (next.kind == PlanKind::kIteration) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "Flush before the end of training: iteration ", next.second.iteration,
+            "Flush before the end of training: iteration ", next.plan.iteration,
             " was never run (every planned iteration must run, or the plans' write-backs and "
             "exchanges would be missing)"));
       } else {
@@ -292,13 +429,20 @@ class Trainer::Impl {
       }
     }
     RETURN_IF_ERROR(CompleteLaterExchanges(kFinalStamp));
-    RETURN_IF_ERROR(RunExtractions(drain_, drain_.iteration));
+    ASSIGN_OR_RETURN(drain_.staged, staging_->Stage(drain_.plan, /*with_backward=*/false));
+    RETURN_IF_ERROR(staging_->Acquire(drain_.staged, Stream::kCompute));
+    RETURN_IF_ERROR(RunExtractions(drain_.plan, drain_.staged, drain_.plan.iteration));
+    RETURN_IF_ERROR(staging_->Release(drain_.staged, Stream::kCompute));
+    drain_.staged = StagedPlan();
+    // Every write-back left before the final stamps (one sender per server and tag: in order).
+    RETURN_IF_ERROR(write_backs_->Drain());
     for (int s = 0; s < layout_.servers; ++s) {
       RETURN_IF_ERROR(transport_.Send(layout_.server_rank(s), kTagWriteBack,
                                       EncodeWriteBack(WriteBack{kFinalStamp, {}, {}})));
       RETURN_IF_ERROR(
           transport_.Send(layout_.server_rank(s), kTagControl, EncodeControl(ControlKind::kDone)));
     }
+    RETURN_IF_ERROR(clock_.Collect(/*wait=*/true, phase_seconds_));
     flushed_ = true;
     return absl::OkStatus();
   }
@@ -306,13 +450,16 @@ class Trainer::Impl {
   absl::StatusOr<bool> BeginEvalBatch(LocalBatch* batch) {
     if (!flushed_) return absl::FailedPreconditionError("evaluation runs after Flush");
     if (eval_done_) return false;
-    ASSIGN_OR_RETURN(auto next, PopPlan());
-    if (next.first == PlanKind::kEnd) {
+    RETURN_IF_ERROR(ReleaseCurrent());
+    ASSIGN_OR_RETURN(ReadyPlan next, PopPlan());
+    if (next.kind == PlanKind::kEnd) {
       eval_done_ = true;
       return false;
     }
-    if (next.first != PlanKind::kEval) return absl::InternalError("expected an evaluation plan");
-    plan_ = std::move(next.second);
+    if (next.kind != PlanKind::kEval) return absl::InternalError("expected an evaluation plan");
+    plan_ = std::move(next.plan);
+    // Staged here: every training plan was (the plan thread stages only those).
+    ASSIGN_OR_RETURN(staged_, staging_->Stage(plan_, /*with_backward=*/false));
     const Iteration ticket = kEvalIterationBase + plan_.iteration;
     RETURN_IF_ERROR(prefetcher_->Request(ticket, plan_.unique_rows,
                                          std::vector<Iteration>(plan_.unique_rows.size(), -1)));
@@ -323,13 +470,11 @@ class Trainer::Impl {
       ASSIGN_OR_RETURN(scratch_, EmbeddingCache::Create(context_, scratch_capacity_, dim_,
                                                         options_.sparse_optimizer));
     }
-    RETURN_IF_ERROR(slot_buffer_.Reserve(context_, std::max<size_t>(1, plan_.unique_slots.size())));
-    RETURN_IF_ERROR(context_->CopyToDevice(slot_buffer_.data(), plan_.unique_slots.data(),
-                                           plan_.unique_slots.size() * sizeof(SlotId)));
-    RETURN_IF_ERROR(scratch_->Fill(slot_buffer_.data(), staging.device, staging.rows));
-    RETURN_IF_ERROR(context_->Synchronize());
-    prefetcher_->Release(ticket);
-    RETURN_IF_ERROR(StageBatch(plan_, batch));
+    RETURN_IF_ERROR(staging_->Acquire(staged_, Stream::kCompute));
+    // An evaluation batch fills every distinct row into the scratch slot the plan names.
+    RETURN_IF_ERROR(
+        FillFromStaging(scratch_.get(), ticket, staged_.unique_slots, staging.rows, staging));
+    MakeBatch(plan_, staged_, batch);
     lookup_cache_ = scratch_.get();
     return true;
   }
@@ -363,10 +508,16 @@ class Trainer::Impl {
   // A checkpoint's cut at the boundary of plan.iteration: every exchange completes, every dirty
   // row goes back to its server (the servers write their shards once all are in), and trainer
   // 0 sends the loop's state to the oracle. The next plan comes once the checkpoint is written.
-  absl::Status RunCheckpoint(const TrainerPlan& plan) {
+  // The checkpoint plan was staged by the plan thread (its extraction slots).
+  absl::Status RunCheckpoint(const ReadyPlan& ready) {
+    const TrainerPlan& plan = ready.plan;
     Stopwatch watch;
     RETURN_IF_ERROR(CompleteLaterExchanges(kFinalStamp));
-    RETURN_IF_ERROR(RunExtractions(plan, plan.iteration));
+    RETURN_IF_ERROR(staging_->Acquire(ready.staged, Stream::kCompute));
+    RETURN_IF_ERROR(RunExtractions(plan, ready.staged, plan.iteration));
+    RETURN_IF_ERROR(staging_->Release(ready.staged, Stream::kCompute));
+    // The cut's rows are on their way to the servers before the loop's state goes out.
+    RETURN_IF_ERROR(write_backs_->Drain());
     if (id_ == 0) {
       std::string state;
       if (loop_state_.save) {
@@ -394,45 +545,97 @@ class Trainer::Impl {
     (void)transport_.Send(JobLayout::oracle_rank(), kTagStopRequest, w.Take());
   }
 
+  // Counts the host synchronisations of the training thread in the training iteration that
+  // ends now (from its BeginIteration to the next BeginIteration or Flush: the loop's own calls
+  // included), and whether the context allocated memory meanwhile (any thread); then starts
+  // the count of the next one.
+  void EndCountedIteration() {
+    const int64_t syncs = DeviceContext::ThreadHostSyncs();
+    const int64_t allocations = context_->allocations();
+    if (counted_iteration_ >= 0) {
+      const int64_t iteration_syncs = syncs - syncs_mark_;
+      stats_.host_syncs += iteration_syncs;
+      if (allocations != allocations_mark_) {
+        // Growing a buffer frees the old one, which synchronises: not a steady-state iteration.
+        ++stats_.growth_iterations;
+        stats_.last_growth_iteration = counted_iteration_;
+      } else {
+        stats_.max_iteration_host_syncs =
+            std::max(stats_.max_iteration_host_syncs, iteration_syncs);
+      }
+    }
+    counted_iteration_ = -1;
+    syncs_mark_ = syncs;
+    allocations_mark_ = allocations;
+  }
+
   // --- plans -------------------------------------------------------------------------------
 
   void PlanLoop() {
+    // This thread allocates staging and queues copies on the device: it must use the trainer's
+    // device, not the default one (on CUDA every process would create a context on GPU 0).
+    if (absl::Status status = context_->MakeCurrent(); !status.ok()) {
+      absl::MutexLock lock(&plan_mu_);
+      plan_error_ = status;
+      return;
+    }
     while (true) {
       // Plans come from the oracle; a message from this rank itself is StopPlanThread's wake-up.
       // PopPlan bounds the wait with the peer timeout.
       absl::StatusOr<Message> message =
           transport_.Receive(kAnySource, kTagPlan, absl::Hours(24 * 365));
-      absl::MutexLock lock(&plan_mu_);
-      if (stop_plans_) return;
-      if (!message.ok()) {
-        plan_error_ = message.status();
-        return;
+      {
+        absl::MutexLock lock(&plan_mu_);
+        if (stop_plans_) return;
+        if (!message.ok()) {
+          plan_error_ = message.status();
+          return;
+        }
+        if (message->source != JobLayout::oracle_rank()) {
+          plan_error_ = absl::DataLossError(
+              absl::StrCat("trainer ", id_, " got a plan from rank ", message->source));
+          return;
+        }
       }
-      if (message->source != JobLayout::oracle_rank()) {
-        plan_error_ = absl::DataLossError(
-            absl::StrCat("trainer ", id_, " got a plan from rank ", message->source));
-        return;
+      ReadyPlan ready;
+      absl::Status status = DecodePlan(message->payload, &ready.kind, &ready.plan);
+      if (status.ok() &&
+          (ready.kind == PlanKind::kIteration || ready.kind == PlanKind::kCheckpoint)) {
+        // Staged before the fetch is requested: the batch's copy is queued on the copy stream
+        // ahead of its rows' copy. Waits for a free staging slot (the prefetch depth). A
+        // checkpoint's cut (its extractions) comes in order between iterations; the drain and
+        // evaluation plans, after training, are staged by the training thread.
+        absl::StatusOr<StagedPlan> staged =
+            staging_->Stage(ready.plan, /*with_backward=*/ready.kind == PlanKind::kIteration);
+        if (staged.ok()) {
+          ready.staged = *staged;
+        } else {
+          status = staged.status();
+        }
       }
-      PlanKind kind;
-      TrainerPlan plan;
-      absl::Status status = DecodePlan(message->payload, &kind, &plan);
-      if (status.ok() && kind == PlanKind::kIteration) {
+      if (status.ok() && ready.kind == PlanKind::kIteration) {
         std::vector<RowId> rows;
         std::vector<Iteration> stamps;
-        rows.reserve(plan.fills.size());
-        stamps.reserve(plan.fills.size());
-        for (const Fill& fill : plan.fills) {
+        rows.reserve(ready.plan.fills.size());
+        stamps.reserve(ready.plan.fills.size());
+        for (const Fill& fill : ready.plan.fills) {
           rows.push_back(fill.row);
           stamps.push_back(fill.after_stamp);
         }
-        status = prefetcher_->Request(plan.iteration, rows, stamps);
+        // Fills never exceed a batch's distinct rows: room for twice those keeps the staging
+        // from growing after the first batches.
+        status = prefetcher_->Request(ready.plan.iteration, rows, stamps,
+                                      2 * static_cast<int64_t>(ready.plan.unique_rows.size()));
       }
+      absl::MutexLock lock(&plan_mu_);
+      if (stop_plans_) return;
       if (!status.ok()) {
         plan_error_ = status;
         return;
       }
-      plans_.emplace_back(kind, std::move(plan));
-      if (kind == PlanKind::kEnd) return;
+      const bool end = ready.kind == PlanKind::kEnd;
+      plans_.push_back(std::move(ready));
+      if (end) return;
     }
   }
 
@@ -442,13 +645,14 @@ class Trainer::Impl {
       absl::MutexLock lock(&plan_mu_);
       stop_plans_ = true;
     }
+    staging_->Stop();
     // Wake the receiver if it still waits for plans (the job ended early or failed).
     (void)transport_.Send(transport_.rank(), kTagPlan, Bytes{});
     plan_thread_.join();
   }
 
   // Waits for the next plan (with the peer timeout) and returns one credit to the oracle.
-  absl::StatusOr<std::pair<PlanKind, TrainerPlan>> PopPlan() {
+  absl::StatusOr<ReadyPlan> PopPlan() {
     absl::MutexLock lock(&plan_mu_);
     auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(plan_mu_) {
       return !plans_.empty() || !plan_error_.ok();
@@ -463,117 +667,90 @@ class Trainer::Impl {
     }
     after_checkpoint_ = false;
     if (plans_.empty()) return plan_error_;
-    auto next = std::move(plans_.front());
+    ReadyPlan next = std::move(plans_.front());
     plans_.pop_front();
     RETURN_IF_ERROR(transport_.Send(JobLayout::oracle_rank(), kTagPlanCredit, Bytes{}));
     return next;
   }
 
+  // Hands the current plan's staging slot back once the compute stream read it.
+  absl::Status ReleaseCurrent() {
+    const StagedPlan staged = staged_;
+    staged_ = StagedPlan();
+    return staging_->Release(staged, Stream::kCompute);
+  }
+
   // --- boundary ----------------------------------------------------------------------------
 
-  // Copies the plan's extracted rows out of the cache and writes back those it owns, stamped
-  // `stamp`; always sends every server a (possibly empty) write-back: the watermark.
-  absl::Status RunExtractions(const TrainerPlan& plan, Iteration stamp) {
+  // Queues the extraction of the plan's extracted rows into a pinned buffer and hands their
+  // write-back (stamped `stamp`) to the sender, which sends it once the copy ran; every server
+  // gets a (possibly empty) write-back: the watermark.
+  absl::Status RunExtractions(const TrainerPlan& plan, const StagedPlan& staged, Iteration stamp) {
     const size_t n = plan.extract.size();
-    std::vector<WriteBack> per_server(layout_.servers);
-    for (WriteBack& wb : per_server) wb.stamp = stamp;
+    std::vector<RowId> rows(n);
+    std::vector<bool> write_back(n);
+    for (size_t k = 0; k < n; ++k) {
+      const Extraction& e = plan.extract[k];
+      rows[k] = e.row;
+      write_back[k] = e.write_back;
+      if (e.evict) ++stats_.evictions;
+      if (!e.evict) ++stats_.flushes;
+      if (!e.write_back) continue;
+      ++stats_.write_backs;
+      stats_.written_back_bytes += record_floats_ * static_cast<int64_t>(sizeof(float));
+    }
+    WriteBackSender::Records buffer;
     if (n > 0) {
-      std::vector<SlotId> slots(n);
-      for (size_t k = 0; k < n; ++k) slots[k] = plan.extract[k].slot;
-      RETURN_IF_ERROR(slot_buffer_.Reserve(context_, n));
-      RETURN_IF_ERROR(record_buffer_.Reserve(context_, n * record_floats_));
+      // Extractions vary from one boundary to the next: room for twice the batch's distinct
+      // rows keeps the buffers from growing after the first boundaries.
+      const size_t room = std::max(n, 2 * plan.unique_rows.size());
+      ASSIGN_OR_RETURN(buffer,
+                       write_backs_->Buffer(static_cast<int64_t>(n), static_cast<int64_t>(room)));
+      RETURN_IF_ERROR(record_buffer_.Reserve(context_, n * record_floats_, room * record_floats_));
       RETURN_IF_ERROR(
-          context_->CopyToDevice(slot_buffer_.data(), slots.data(), n * sizeof(SlotId)));
-      RETURN_IF_ERROR(
-          cache_->Extract(slot_buffer_.data(), static_cast<int64_t>(n), record_buffer_.data()));
-      host_records_.resize(n * record_floats_);
-      RETURN_IF_ERROR(context_->CopyToHost(host_records_.data(), record_buffer_.data(),
+          cache_->Extract(staged.extract_slots, static_cast<int64_t>(n), record_buffer_.data()));
+      RETURN_IF_ERROR(context_->CopyToHost(buffer.host, record_buffer_.data(),
                                            n * record_floats_ * sizeof(float)));
-      RETURN_IF_ERROR(context_->Synchronize());
-      for (size_t k = 0; k < n; ++k) {
-        const Extraction& e = plan.extract[k];
-        if (e.evict) ++stats_.evictions;
-        if (!e.evict) ++stats_.flushes;
-        if (!e.write_back) continue;
-        WriteBack& wb = per_server[ServerOfRow(e.row, layout_.servers)];
-        wb.rows.push_back(e.row);
-        wb.records.insert(wb.records.end(), host_records_.begin() + k * record_floats_,
-                          host_records_.begin() + (k + 1) * record_floats_);
-        ++stats_.write_backs;
-        stats_.written_back_bytes += record_floats_ * static_cast<int64_t>(sizeof(float));
-      }
     }
-    for (int s = 0; s < layout_.servers; ++s) {
-      RETURN_IF_ERROR(
-          transport_.Send(layout_.server_rank(s), kTagWriteBack, EncodeWriteBack(per_server[s])));
-    }
-    return absl::OkStatus();
+    return write_backs_->Submit(stamp, buffer, std::move(rows), std::move(write_back),
+                                Stream::kCompute);
   }
 
-  absl::Status FillFromStaging(const TrainerPlan& plan, const Prefetcher::Staging& staging) {
-    const size_t n = plan.fills.size();
-    if (static_cast<int64_t>(n) != staging.rows) {
+  // Fills `n` slots of `cache` (device array `slots`) from `staging`, on the compute stream
+  // after the copy into the staging, and hands the staging back to the prefetcher.
+  absl::Status FillFromStaging(EmbeddingCache* cache, Iteration ticket, const SlotId* slots,
+                               int64_t n, const Prefetcher::Staging& staging) {
+    if (n != staging.rows) {
       return absl::InternalError("staging does not match the plan's fills");
     }
-    if (n == 0) return absl::OkStatus();
-    std::vector<SlotId> slots(n);
-    for (size_t k = 0; k < n; ++k) slots[k] = plan.fills[k].slot;
-    RETURN_IF_ERROR(slot_buffer_.Reserve(context_, n));
-    RETURN_IF_ERROR(context_->CopyToDevice(slot_buffer_.data(), slots.data(), n * sizeof(SlotId)));
-    RETURN_IF_ERROR(cache_->Fill(slot_buffer_.data(), staging.device, static_cast<int64_t>(n)));
-    // The staging buffer is recycled after Release: the fill must be complete.
-    return context_->Synchronize();
+    if (n > 0) {
+      if (!skip_fill_wait_) {
+        RETURN_IF_ERROR(context_->StreamWaitEvent(Stream::kCompute, *staging.ready));
+      }
+      RETURN_IF_ERROR(cache->Fill(slots, staging.device, n));
+    }
+    // The prefetcher reuses the staging after the fill (an event on the compute stream).
+    return prefetcher_->Release(ticket, Stream::kCompute);
   }
 
-  // Puts the plan's local batch in device memory and prepares the backward index.
-  absl::Status StageBatch(const TrainerPlan& plan, LocalBatch* batch) {
-    const size_t ids = plan.unique_index.size();
-    occurrence_slots_.resize(ids);
-    for (size_t j = 0; j < ids; ++j) occurrence_slots_[j] = plan.unique_slots[plan.unique_index[j]];
+  // The local batch the loop sees: arrays in the staged slot, host views in the plan.
+  void MakeBatch(const TrainerPlan& plan, const StagedPlan& staged, LocalBatch* batch) {
     batch_ = LocalBatch();
     batch_.iteration = plan.iteration;
     batch_.num_samples = plan.num_samples;
     batch_.num_dense = plan.num_dense;
     batch_.num_tables = plan.num_tables;
     batch_.global_batch_size = plan.global_samples;
-    batch_.num_ids = static_cast<int64_t>(ids);
+    batch_.num_ids = static_cast<int64_t>(plan.unique_index.size());
     batch_.num_unique = static_cast<int>(plan.unique_rows.size());
     batch_.labels_host = plan.labels.data();
     batch_.unique_rows_host = plan.unique_rows.data();
-    if (context_->is_cuda()) {
-      RETURN_IF_ERROR(dense_.Reserve(context_, std::max<size_t>(1, plan.dense.size())));
-      RETURN_IF_ERROR(labels_.Reserve(context_, std::max<size_t>(1, plan.labels.size())));
-      RETURN_IF_ERROR(offsets_.Reserve(context_, plan.offsets.size()));
-      RETURN_IF_ERROR(slots_.Reserve(context_, std::max<size_t>(1, ids)));
-      RETURN_IF_ERROR(
-          unique_slots_.Reserve(context_, std::max<size_t>(1, plan.unique_slots.size())));
-      RETURN_IF_ERROR(context_->CopyToDevice(dense_.data(), plan.dense.data(),
-                                             plan.dense.size() * sizeof(float)));
-      RETURN_IF_ERROR(context_->CopyToDevice(labels_.data(), plan.labels.data(),
-                                             plan.labels.size() * sizeof(float)));
-      RETURN_IF_ERROR(context_->CopyToDevice(offsets_.data(), plan.offsets.data(),
-                                             plan.offsets.size() * sizeof(int64_t)));
-      RETURN_IF_ERROR(
-          context_->CopyToDevice(slots_.data(), occurrence_slots_.data(), ids * sizeof(int32_t)));
-      RETURN_IF_ERROR(context_->CopyToDevice(unique_slots_.data(), plan.unique_slots.data(),
-                                             plan.unique_slots.size() * sizeof(SlotId)));
-      batch_.dense = dense_.data();
-      batch_.labels = labels_.data();
-      batch_.offsets = offsets_.data();
-      batch_.slots = slots_.data();
-      batch_.unique_slots = unique_slots_.data();
-    } else {
-      batch_.dense = plan.dense.data();
-      batch_.labels = plan.labels.data();
-      batch_.offsets = plan.offsets.data();
-      batch_.slots = occurrence_slots_.data();
-      batch_.unique_slots = plan.unique_slots.data();
-    }
-    RETURN_IF_ERROR(backward_.Build(context_, plan.offsets.data(), plan.num_tables,
-                                    plan.num_samples, plan.unique_index.data(),
-                                    static_cast<int64_t>(ids), batch_.num_unique));
+    batch_.dense = staged.dense;
+    batch_.labels = staged.labels;
+    batch_.offsets = staged.offsets;
+    batch_.slots = staged.slots;
+    batch_.unique_slots = staged.unique_slots;
     *batch = batch_;
-    return absl::OkStatus();
   }
 
   // --- sync and apply ----------------------------------------------------------------------
@@ -583,8 +760,7 @@ class Trainer::Impl {
     in_iteration_ = false;
     lookup_cache_ = nullptr;
     if (plan.shared.empty()) {
-      ScopedTimer timer(&stats_.apply_seconds);
-      RETURN_IF_ERROR(ApplyPrivate(plan, row_grads));
+      RETURN_IF_ERROR(ApplyPrivate(row_grads));
     } else {
       RETURN_IF_ERROR(ExchangeAndApply(plan, row_grads));
     }
@@ -592,31 +768,19 @@ class Trainer::Impl {
     return absl::OkStatus();
   }
 
-  // Applies the trainer's own gradient to its private rows.
-  absl::Status ApplyPrivate(const TrainerPlan& plan, const float* row_grads) {
-    const size_t n = plan.private_unique.size();
-    if (n == 0) return absl::OkStatus();
-    if (n == plan.unique_slots.size()) {
-      bool identity = true;
-      for (size_t k = 0; k < n && identity; ++k)
-        identity = plan.private_unique[k] == static_cast<int32_t>(k);
-      if (identity) {
-        return cache_->Apply(batch_.unique_slots, row_grads, static_cast<int64_t>(n));
-      }
-    }
-    std::vector<int32_t> index(plan.private_unique.begin(), plan.private_unique.end());
-    std::vector<SlotId> slots(n);
-    for (size_t k = 0; k < n; ++k) slots[k] = plan.unique_slots[index[k]];
-    RETURN_IF_ERROR(apply_slots_.Reserve(context_, n));
-    RETURN_IF_ERROR(apply_index_.Reserve(context_, n));
-    RETURN_IF_ERROR(context_->CopyToDevice(apply_slots_.data(), slots.data(), n * sizeof(SlotId)));
-    RETURN_IF_ERROR(context_->CopyToDevice(apply_index_.data(), index.data(), n * sizeof(int32_t)));
-    return cache_->ApplyIndexed(apply_slots_.data(), apply_index_.data(), row_grads,
-                                static_cast<int64_t>(n));
+  // Applies the trainer's own gradient to its private rows (slots and gradient rows staged
+  // with the plan).
+  absl::Status ApplyPrivate(const float* row_grads) {
+    if (staged_.num_private == 0) return absl::OkStatus();
+    RETURN_IF_ERROR(clock_.Begin(kApplyPhase, Stream::kCompute));
+    RETURN_IF_ERROR(cache_->ApplyIndexed(staged_.private_slots, staged_.private_rows, row_grads,
+                                         staged_.num_private));
+    return clock_.End(kApplyPhase, Stream::kCompute);
   }
 
   absl::Status ExchangeAndApply(const TrainerPlan& plan, const float* row_grads) {
-    // Own gradients on the host (they go to peers and into the combined sums).
+    // Own gradients on the host (they go to peers and into the combined sums): the host waits
+    // for the reduce here, as long as shared rows are exchanged through host memory.
     host_grads_.resize(static_cast<size_t>(batch_.num_unique) * dim_);
     RETURN_IF_ERROR(
         context_->CopyToHost(host_grads_.data(), row_grads, host_grads_.size() * sizeof(float)));
@@ -640,10 +804,7 @@ class Trainer::Impl {
         }
       }
     }
-    {
-      ScopedTimer timer(&stats_.apply_seconds);
-      RETURN_IF_ERROR(ApplyPrivate(plan, row_grads));
-    }
+    RETURN_IF_ERROR(ApplyPrivate(row_grads));
     // Shared rows needed next iteration: receive, combine in trainer order, apply now.
     std::vector<int32_t> now_rows, later_rows;
     for (size_t k = 0; k < plan.shared.size(); ++k) {
@@ -741,12 +902,16 @@ class Trainer::Impl {
     std::vector<SlotId> slots(rows.size());
     for (size_t p = 0; p < rows.size(); ++p) slots[p] = shared[rows[p]].slot;
     const size_t n = rows.size();
-    RETURN_IF_ERROR(shared_slots_.Reserve(context_, n));
-    RETURN_IF_ERROR(shared_grads_.Reserve(context_, n * dim_));
-    RETURN_IF_ERROR(context_->CopyToDevice(shared_slots_.data(), slots.data(), n * sizeof(SlotId)));
-    RETURN_IF_ERROR(
-        context_->CopyToDevice(shared_grads_.data(), sum.data(), sum.size() * sizeof(float)));
-    return cache_->Apply(shared_slots_.data(), shared_grads_.data(), static_cast<int64_t>(n));
+    // Through pinned buffers on the compute stream, behind the apply of the private rows. The
+    // buffers carry slots and sums in turn; shared rows never outnumber a batch's distinct rows:
+    // room for twice those keeps them from growing after the first iterations.
+    const size_t room = 2 * std::max(n, plan_.unique_rows.size()) * dim_ * sizeof(float);
+    ASSIGN_OR_RETURN(void* device_slots,
+                     uploads_->Upload(slots.data(), n * sizeof(SlotId), Stream::kCompute, room));
+    ASSIGN_OR_RETURN(void* device_sums, uploads_->Upload(sum.data(), sum.size() * sizeof(float),
+                                                         Stream::kCompute, room));
+    return cache_->Apply(static_cast<const SlotId*>(device_slots),
+                         static_cast<const float*>(device_sums), static_cast<int64_t>(n));
   }
 
   // Receives and applies the background exchanges of iterations <= `through`.
@@ -773,19 +938,23 @@ class Trainer::Impl {
   std::unique_ptr<EmbeddingCache> scratch_;  // evaluation rows
   int64_t scratch_capacity_ = 0;
   EmbeddingCache* lookup_cache_ = nullptr;
+  std::unique_ptr<BatchStaging> staging_;
+  std::unique_ptr<UploadRing> uploads_;
+  std::unique_ptr<WriteBackSender> write_backs_;
   std::unique_ptr<Prefetcher> prefetcher_;
+  bool skip_fill_wait_ = false;  // OrderingFault::kSkipFillWait
 
-  // Plans received in the background, in order.
+  // Plans received and staged in the background, in order.
   absl::Mutex plan_mu_;
-  std::deque<std::pair<PlanKind, TrainerPlan>> plans_ ABSL_GUARDED_BY(plan_mu_);
+  std::deque<ReadyPlan> plans_ ABSL_GUARDED_BY(plan_mu_);
   absl::Status plan_error_ ABSL_GUARDED_BY(plan_mu_);
   bool stop_plans_ ABSL_GUARDED_BY(plan_mu_) = false;
   std::thread plan_thread_;
 
   TrainerPlan plan_;
-  TrainerPlan drain_;
+  StagedPlan staged_;  // plan_'s arrays, until released
+  ReadyPlan drain_;
   LocalBatch batch_;
-  BackwardIndex backward_;
   bool in_iteration_ = false;
   bool training_done_ = false;
   // Job start and checkpoints.
@@ -799,9 +968,14 @@ class Trainer::Impl {
   bool eval_done_ = false;
   std::deque<LaterExchange> later_;
 
-  // Scratch buffers (device memory on CUDA).
-  std::vector<int32_t> occurrence_slots_;
-  std::vector<float> host_records_;
+  // Phase times (device events) and the per-iteration counters.
+  mutable PhaseClock clock_;
+  mutable double phase_seconds_[kNumPhases] = {};
+  int64_t counted_iteration_ = -1;  // the training iteration being counted, -1: none
+  int64_t syncs_mark_ = 0;
+  int64_t allocations_mark_ = 0;
+
+  // Scratch buffers.
   std::vector<float> host_grads_;
   std::vector<float> host_dense_;  // dense all-reduce staging when NCCL is unusable
 
@@ -811,9 +985,7 @@ class Trainer::Impl {
   std::unique_ptr<NcclCommunicator> nccl_;
   bool nccl_setup_done_ = false;
 #endif
-  Buffer<float> dense_, labels_, pooled_, row_grads_, record_buffer_, shared_grads_;
-  Buffer<int64_t> offsets_;
-  Buffer<int32_t> slots_, unique_slots_, slot_buffer_, apply_slots_, apply_index_, shared_slots_;
+  Buffer<float> pooled_, row_grads_, record_buffer_;
 
   TrainerStats stats_;
 };

@@ -115,16 +115,28 @@ struct TrainerStats {
   int64_t exchanged_bytes = 0;
   int64_t fetched_bytes = 0;
   int64_t written_back_bytes = 0;
-  // Seconds spent in each phase, summed over iterations.
+  // Seconds spent in each phase, summed over iterations. The device phases (boundary, lookup,
+  // reduce, apply) are measured with events on the compute stream (GPU time on CUDA) and are
+  // complete once the stream has passed them (after Flush, for every iteration); wait and sync
+  // are host time.
   double wait_seconds = 0;        // waiting for plans and prefetched rows
-  double boundary_seconds = 0;    // extract, write back, fill
+  double boundary_seconds = 0;    // extract, queue the write-back, fill
   double lookup_seconds = 0;      // pooled gather
   double reduce_seconds = 0;      // row-gradient reduction
   double sync_seconds = 0;        // shared-row gradient exchange on the critical path
   double apply_seconds = 0;       // sparse optimizer
-  double allreduce_seconds = 0;   // dense all-reduce
+  double allreduce_seconds = 0;   // dense all-reduce (host time)
   int64_t checkpoints = 0;        // consistent cuts taken (trainer_hooks/checkpoint.h)
   double checkpoint_seconds = 0;  // draining the cache at them and waiting for the checkpoint
+  // Host synchronisations (DeviceContext counters) by the training thread during training
+  // iterations, the loop's own included (e.g. reading the loss), and the most in one iteration
+  // among those that allocated no memory; iterations in which the trainer's device context
+  // allocated memory (buffers growing; none is expected once the first batches are seen) and
+  // the last of them (-1: none).
+  int64_t host_syncs = 0;
+  int64_t max_iteration_host_syncs = 0;
+  int64_t growth_iterations = 0;
+  int64_t last_growth_iteration = -1;
   // The path of the dense all-reduce (AllReduceDevice): "nccl", "transport" (CPU backend:
   // the Transport all-reduce, MPI or in-process), "transport-via-host" (CUDA, NCCL unusable),
   // "none" (one trainer), or empty when the loop never called AllReduceDevice.

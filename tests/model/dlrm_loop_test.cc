@@ -128,6 +128,46 @@ TEST(DlrmLoopTest, EmbeddingOnlyLogisticRegressionMatchesOffAndLearns) {
   EXPECT_GT(off.auc, 0.55);
 }
 
+// The whole job with every trainer's streams run asynchronously (core/device.h, CpuStreams):
+// kAsync (executor threads running queued work concurrently with the host) and kLazy (work run
+// only when waited for, as late as a GPU may) end bit-identical to the synchronous run, with
+// one host synchronisation per steady iteration on one trainer (reading the loss).
+TEST(DlrmLoopTest, AsynchronousCpuStreamsMatchTheSynchronousRunBitForBit) {
+  struct Case {
+    std::string policy;
+    int trainers;
+    DenseHeadKind head;
+  };
+  const std::vector<Case> cases = {{"oracle", 1, DenseHeadKind::kDlrm},
+                                   {"off", 1, DenseHeadKind::kDlrm},
+                                   {"oracle", 2, DenseHeadKind::kDlrm},
+                                   {"oracle", 1, DenseHeadKind::kLogReg}};
+  for (const Case& c : cases) {
+    SetDefaultCpuStreamsForTesting(static_cast<int>(CpuStreams::kSync));
+    const DlrmRun reference =
+        Train(c.policy, 600, c.trainers, 1, OptimizerKind::kAdagrad, 40, c.head);
+    ASSERT_FALSE(reference.sha.empty());
+    for (CpuStreams mode : {CpuStreams::kAsync, CpuStreams::kLazy}) {
+      SetDefaultCpuStreamsForTesting(static_cast<int>(mode));
+      const DlrmRun run = Train(c.policy, 600, c.trainers, 1, OptimizerKind::kAdagrad, 40, c.head);
+      const std::string what = c.policy + " T=" + std::to_string(c.trainers) +
+                               (c.head == DenseHeadKind::kLogReg ? " logreg " : " dlrm ") +
+                               std::string(CpuStreamsName(mode));
+      EXPECT_EQ(run.sha, reference.sha) << what;
+      EXPECT_EQ(run.auc, reference.auc) << what;
+      for (const TrainerOutcome& trainer : run.result.trainers) {
+        EXPECT_GT(trainer.stats.fills, 0) << what;
+        // On one trainer the loss is the only synchronisation; with two, the dense all-reduce
+        // of the CPU backend and the shared rows' exchange go through host memory too.
+        EXPECT_LE(trainer.stats.max_iteration_host_syncs, c.trainers == 1 ? 1 : 3) << what;
+        EXPECT_GE(trainer.stats.host_syncs, 40) << what;
+        EXPECT_LT(trainer.stats.last_growth_iteration, 20) << what;
+      }
+    }
+  }
+  SetDefaultCpuStreamsForTesting(-1);
+}
+
 TEST(EvalMetricsTest, AucCountsOrderedPairsAndTiesHalf) {
   // Positives at 0.9 and 0.4, negatives at 0.4 and 0.1: pairs (0.9>0.4), (0.9>0.1), (0.4=0.4)
   // half, (0.4>0.1) -> 3.5 of 4.

@@ -64,12 +64,47 @@ TEST_F(PrefetcherTest, StagesRowsFromEveryServerInRequestOrder) {
       init_.Init(rows[k], expected.data());
       for (int c = 0; c < kDim; ++c) EXPECT_EQ(staging->device[k * kDim + c], expected[c]) << k;
     }
-    prefetcher.Release(0);
+    ASSERT_TRUE(prefetcher.Release(0).ok());
     auto empty = prefetcher.Wait(1);
     ASSERT_TRUE(empty.ok());
     EXPECT_EQ(empty->rows, 0);
     EXPECT_EQ(prefetcher.stats().rows, 6);
     EXPECT_FALSE(prefetcher.Request(1, {1}, {-1}).ok()) << "iterations must increase";
+  }
+  StopServers();
+}
+
+// On a context whose streams run later (the lazy CPU mode runs work only when waited for), the
+// staging is read through the copy stream's event, and recycled buffers are reused only after
+// the reads of their previous iteration.
+TEST_F(PrefetcherTest, RecycledStagingIsOrderedByEventsOnAsynchronousStreams) {
+  StartServers(2);
+  for (CpuStreams mode : {CpuStreams::kAsync, CpuStreams::kLazy}) {
+    auto context = DeviceContext::Cpu(mode);
+    Prefetcher prefetcher(trainer_endpoint(), layout_, 0, context, kDim, absl::Seconds(10));
+    auto out = DeviceArray<float>::Create(context, 64 * kDim);
+    ASSERT_TRUE(out.ok());
+    std::vector<float> back(64 * kDim);
+    for (Iteration it = 0; it < 12; ++it) {
+      std::vector<RowId> rows;
+      for (int k = 0; k < 20 + it; ++k) rows.push_back((it * 37 + k * 11) % 1000);
+      ASSERT_TRUE(prefetcher.Request(it, rows, std::vector<Iteration>(rows.size(), -1)).ok());
+      auto staging = prefetcher.Wait(it);
+      ASSERT_TRUE(staging.ok()) << staging.status();
+      ASSERT_TRUE(context->StreamWaitEvent(Stream::kCompute, *staging->ready).ok());
+      const size_t bytes = rows.size() * kDim * sizeof(float);
+      ASSERT_TRUE(context->CopyOnDevice(out->data(), staging->device, bytes).ok());
+      ASSERT_TRUE(prefetcher.Release(it).ok());
+      ASSERT_TRUE(context->CopyToHost(back.data(), out->data(), bytes).ok());
+      ASSERT_TRUE(context->Synchronize().ok());
+      for (size_t k = 0; k < rows.size(); ++k) {
+        std::vector<float> expected(kDim);
+        init_.Init(rows[k], expected.data());
+        for (int c = 0; c < kDim; ++c) {
+          ASSERT_EQ(back[k * kDim + c], expected[c]) << CpuStreamsName(mode) << " it " << it;
+        }
+      }
+    }
   }
   StopServers();
 }

@@ -8,12 +8,15 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "cache/embedding_cache.h"
+#include "core/device.h"
 #include "core/status.h"
 #include "data/synthetic.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "trainer_hooks/job.h"
+#include "trainer_hooks/ordering_faults.h"
 #include "trainer_hooks/param_dump.h"
 
 namespace bagpipe {
@@ -32,11 +35,14 @@ struct TrainedRun {
 };
 
 // Logistic regression over the pooled embeddings: logit = sum_{t,c} w[t,c] * pooled[t,c].
+// Written to the device contract (trainer.h): one host synchronisation per iteration (to read
+// the pooled embeddings), buffers reused across iterations.
 absl::Status LogisticLoop(Trainer& trainer, int tables, TrainerOutcome* outcome) {
   std::vector<float> w(tables * kDim, 0.05f);
   std::vector<float> grad_w(w.size());
   std::vector<float> pooled_host, pooled_grad;
   const auto& context = trainer.context();
+  DeviceArray<float> device_grad;
   LocalBatch batch;
   double loss_sum = 0;
   while (true) {
@@ -64,16 +70,20 @@ absl::Status LogisticLoop(Trainer& trainer, int tables, TrainerOutcome* outcome)
     }
     RETURN_IF_ERROR(trainer.AllReduce(grad_w.data(), grad_w.size()));
     for (size_t k = 0; k < w.size(); ++k) w[k] -= 0.5f * grad_w[k];
-    // Hand the pooled gradient back in the trainer's memory.
-    ASSIGN_OR_RETURN(auto device_grad, DeviceArray<float>::Create(context, pooled_grad.size()));
+    // Hand the pooled gradient back in the trainer's memory. The copy reads pooled_grad when
+    // the compute stream gets there: the host writes it again only after the next iteration's
+    // synchronisation.
+    if (device_grad.size() < pooled_grad.size()) {
+      ASSIGN_OR_RETURN(device_grad, DeviceArray<float>::Create(context, pooled_grad.size()));
+    }
     RETURN_IF_ERROR(
         context->CopyToDevice(device_grad.data(), pooled_grad.data(), pooled_grad.size() * 4));
     RETURN_IF_ERROR(trainer.EndIteration(device_grad.data()));
-    RETURN_IF_ERROR(context->Synchronize());
   }
   RETURN_IF_ERROR(trainer.Flush());
   outcome->dense_parameters = w;
   outcome->info["loss_sum"] = loss_sum;
+  outcome->info["cpu_streams"] = std::string(CpuStreamsName(context->cpu_streams()));
   return absl::OkStatus();
 }
 
@@ -236,6 +246,96 @@ TEST(RuntimeFaultTest, AFailingTrainingLoopEndsEveryRoleWithItsMessage) {
       ParamSink{}, &result);
   ASSERT_FALSE(status.ok());
   EXPECT_THAT(std::string(status.message()), HasSubstr("ran out of luck"));
+}
+
+// ---- The asynchronous CPU stream modes (core/device.h) -------------------------------------
+// With CpuStreams::kAsync every stream of a trainer's context is an executor thread running its
+// work after the call that queued it, concurrently with the host; with kLazy only when something
+// waits for it. The runtime orders its streams with events, so training ends bit-identical to
+// the synchronous run, with one host synchronisation per iteration on one trainer (the loop's
+// read of the pooled embeddings). Dropping one of those orderings makes the lazy mode end with
+// other parameters.
+
+// Makes DeviceContext::Cpu() (the trainers' contexts) use `mode` for the scope.
+class CpuStreamsScope {
+ public:
+  explicit CpuStreamsScope(CpuStreams mode) {
+    SetDefaultCpuStreamsForTesting(static_cast<int>(mode));
+  }
+  ~CpuStreamsScope() { SetDefaultCpuStreamsForTesting(-1); }
+};
+
+class OrderingFaultScope {
+ public:
+  explicit OrderingFaultScope(OrderingFault fault) { SetOrderingFaultForTesting(fault); }
+  ~OrderingFaultScope() { SetOrderingFaultForTesting(OrderingFault::kNone); }
+};
+
+struct ModeRun {
+  std::string policy;
+  int64_t cache_rows;
+  int lookahead;
+};
+
+TEST(AsynchronousStreamsTest, EveryCacheModeIsBitIdenticalToTheSynchronousRun) {
+  const std::vector<ModeRun> runs = {
+      {"off", 4000, 1}, {"oracle", 500, 10}, {"lru", 500, 1}, {"device", 0, 1}};
+  for (int trainers : {1, 2}) {
+    const int iterations = trainers == 1 ? 200 : 120;
+    std::vector<TrainedRun> reference;
+    {
+      CpuStreamsScope sync(CpuStreams::kSync);
+      for (const ModeRun& r : runs) {
+        reference.push_back(Train(r.policy, r.cache_rows, r.lookahead, trainers,
+                                  OptimizerKind::kAdagrad, /*servers=*/2, iterations));
+      }
+    }
+    for (CpuStreams mode : {CpuStreams::kAsync, CpuStreams::kLazy}) {
+      CpuStreamsScope scope(mode);
+      for (size_t k = 0; k < runs.size(); ++k) {
+        const std::string what =
+            absl::StrCat(runs[k].policy, " T=", trainers, " ", std::string(CpuStreamsName(mode)));
+        const TrainedRun run = Train(runs[k].policy, runs[k].cache_rows, runs[k].lookahead,
+                                     trainers, OptimizerKind::kAdagrad, 2, iterations);
+        ExpectIdentical(reference[k], run, what);
+        ASSERT_EQ(run.result.trainers.size(), static_cast<size_t>(trainers)) << what;
+        for (const TrainerOutcome& trainer : run.result.trainers) {
+          // The runs did run asynchronously, and did their work.
+          EXPECT_EQ(trainer.info.value("cpu_streams", std::string()), CpuStreamsName(mode));
+          EXPECT_EQ(trainer.stats.iterations, iterations) << what;
+          if (runs[k].policy != "device") EXPECT_GT(trainer.stats.fills, 0) << what;
+          // One host synchronisation per steady iteration on one trainer (the loop reading the
+          // pooled embeddings); with two, one more: the shared rows' gradients go through host
+          // memory. Buffers stop growing once the first batches were seen.
+          EXPECT_LE(trainer.stats.max_iteration_host_syncs, trainers == 1 ? 1 : 2) << what;
+          EXPECT_GE(trainer.stats.host_syncs, iterations) << what;
+          EXPECT_LT(trainer.stats.last_growth_iteration, iterations / 2) << what;
+        }
+        if (trainers == 2 && runs[k].policy == "oracle") {
+          EXPECT_GT(run.result.trainers[0].stats.exchanged_rows, 0) << what;
+        }
+      }
+    }
+  }
+}
+
+// The negative control: with the compute stream no longer waiting for the copy of the prefetched
+// rows before the fill (one StreamWaitEvent dropped), the synchronous mode cannot tell
+// (everything runs in program order), while the lazy mode, which runs queued work as late as a
+// GPU may, fills the cache before the copy ran and ends with other parameters.
+TEST(AsynchronousStreamsTest, TheLazyModeCatchesADroppedStreamWait) {
+  const TrainedRun reference = Train("oracle", 350, 5, 1, OptimizerKind::kSgd);
+  ASSERT_GT(reference.result.trainers[0].stats.fills, 0);
+  OrderingFaultScope faulty(OrderingFault::kSkipFillWait);
+  {
+    CpuStreamsScope sync(CpuStreams::kSync);
+    ExpectIdentical(reference, Train("oracle", 350, 5, 1, OptimizerKind::kSgd),
+                    "fill wait dropped, synchronous");
+  }
+  CpuStreamsScope lazy(CpuStreams::kLazy);
+  const TrainedRun run = Train("oracle", 350, 5, 1, OptimizerKind::kSgd);
+  EXPECT_GT(run.result.trainers[0].stats.fills, 0);
+  EXPECT_NE(run.sha, reference.sha) << "fill wait dropped: the lazy mode did not notice";
 }
 
 }  // namespace
