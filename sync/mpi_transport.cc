@@ -46,10 +46,23 @@ absl::StatusOr<std::unique_ptr<MpiTransport>> MpiTransport::Create() {
   int rank = 0, size = 0;
   MPI_RETURN_IF_ERROR(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   MPI_RETURN_IF_ERROR(MPI_Comm_size(MPI_COMM_WORLD, &size));
-  return std::unique_ptr<MpiTransport>(new MpiTransport(rank, size));
+  // Which ranks share a machine (collective over every rank, before any message flows): the
+  // trainers of one machine pick their GPUs by their index among themselves.
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_RETURN_IF_ERROR(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  int leader = rank;
+  const int reduced = MPI_Allreduce(&rank, &leader, 1, MPI_INT, MPI_MIN, node);
+  MPI_Comm_free(&node);
+  MPI_RETURN_IF_ERROR(reduced);
+  std::vector<int> node_of_rank(size);
+  MPI_RETURN_IF_ERROR(
+      MPI_Allgather(&leader, 1, MPI_INT, node_of_rank.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  return std::unique_ptr<MpiTransport>(new MpiTransport(rank, size, std::move(node_of_rank)));
 }
 
-MpiTransport::MpiTransport(int rank, int size) : rank_(rank), size_(size), mailbox_(rank) {
+MpiTransport::MpiTransport(int rank, int size, std::vector<int> node_of_rank)
+    : rank_(rank), size_(size), node_of_rank_(std::move(node_of_rank)), mailbox_(rank) {
   progress_ = std::thread([this] { ProgressLoop(); });
 }
 

@@ -48,16 +48,20 @@ class MpiTransport final : public Transport {
   absl::StatusOr<Message> Receive(int source, int tag, absl::Duration timeout) override;
   void Abort(const absl::Status& why) override;
   absl::Status aborted() const override;
+  // From MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) at Create: a node is numbered by its lowest
+  // world rank.
+  std::vector<int> NodeOfRanks() const override { return node_of_rank_; }
 
  private:
   struct PendingSend;
-  MpiTransport(int rank, int size);
+  MpiTransport(int rank, int size, std::vector<int> node_of_rank);
   void ProgressLoop();
   // Tests pending sends, freeing completed ones. Returns true if any completed.
   bool CompleteSends(bool wait_all);
 
   const int rank_;
   const int size_;
+  const std::vector<int> node_of_rank_;
   Mailbox mailbox_;
   std::atomic<bool> stop_{false};
   std::thread progress_;

@@ -51,4 +51,14 @@ absl::Status JobLayout::Validate(int world_size) const {
   return absl::OkStatus();
 }
 
+int LocalTrainerIndex(const JobLayout& layout, int trainer, const std::vector<int>& node_of_rank) {
+  const auto node_of = [&](int rank) {
+    return rank < static_cast<int>(node_of_rank.size()) ? node_of_rank[rank] : 0;
+  };
+  const int node = node_of(layout.trainer_rank(trainer));
+  int index = 0;
+  for (int t = 0; t < trainer; ++t) index += node_of(layout.trainer_rank(t)) == node ? 1 : 0;
+  return index;
+}
+
 }  // namespace bagpipe

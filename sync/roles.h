@@ -5,6 +5,7 @@
 #define BAGPIPE_SYNC_ROLES_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -30,6 +31,12 @@ struct JobLayout {
   // started ("mpirun -np 4 with --servers 2 --trainers 2 needs 1 + 2 + 2 = 5 ranks").
   absl::Status Validate(int world_size = 0) const;
 };
+
+// The index of trainer `trainer` among the trainers on its machine (`node_of_rank`: the machine
+// of every rank, Transport::NodeOfRanks), in rank order: the GPU it takes there. Not the global
+// trainer index: with `mpirun --map-by node` or an interleaved hostfile, trainers 0 and 2 may
+// share a machine while trainer 1 runs on another.
+int LocalTrainerIndex(const JobLayout& layout, int trainer, const std::vector<int>& node_of_rank);
 
 }  // namespace bagpipe
 

@@ -79,6 +79,10 @@ class Transport {
   virtual void Abort(const absl::Status& why) = 0;
   // The status the job was aborted with, OK if it was not.
   virtual absl::Status aborted() const = 0;
+
+  // For every rank, the machine it runs on, as a number shared by the ranks of one machine
+  // (ranks that share memory). Default: every rank on one machine (threads of one process).
+  virtual std::vector<int> NodeOfRanks() const { return std::vector<int>(size(), 0); }
 };
 
 // Messages delivered to one rank, waiting to be received. Shared by both implementations.

@@ -137,7 +137,10 @@ absl::Status RunTrainerRank(Transport& transport, const JobOptions& options, int
   if (options.backend == Backend::kCuda) {
     const int devices = CudaDeviceCount();
     if (devices == 0) return absl::FailedPreconditionError("--device cuda but no CUDA device");
-    ASSIGN_OR_RETURN(context, DeviceContext::Cuda(t % devices));
+    // The trainer's index among the trainers of its machine picks the GPU (not the global
+    // index: trainers of one machine would share a GPU under --map-by node).
+    const int local = LocalTrainerIndex(options.layout, t, transport.NodeOfRanks());
+    ASSIGN_OR_RETURN(context, DeviceContext::Cuda(local % devices));
   } else {
     context = DeviceContext::Cpu();
   }

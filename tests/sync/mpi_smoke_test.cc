@@ -38,6 +38,11 @@ TEST(MpiTransportTest, LargeMessagesArriveIntact) {
   }
 }
 
+TEST(MpiTransportTest, RanksOfOneMachineShareANode) {
+  // ctest starts both ranks on this machine: one node, numbered by its lowest rank.
+  EXPECT_EQ(transport->NodeOfRanks(), (std::vector<int>{0, 0}));
+}
+
 TEST(MpiTransportTest, SilenceBecomesDeadlineExceeded) {
   auto m = transport->Receive(1 - transport->rank(), kTagControl, absl::Milliseconds(50));
   ASSERT_FALSE(m.ok());

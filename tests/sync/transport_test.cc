@@ -17,6 +17,28 @@ using ::testing::HasSubstr;
 Bytes Text(const std::string& s) { return Bytes(s.begin(), s.end()); }
 std::string Str(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
+// A trainer's GPU is its index among the trainers of its machine, whatever the rank placement.
+TEST(JobLayoutTest, LocalTrainerIndexCountsOnlyTheTrainersOfTheSameMachine) {
+  const JobLayout layout{1, 4};  // rank 0 oracle, 1 server, 2..5 trainers
+  // mpirun --map-by node over two machines: ranks alternate. The global index modulo 2 GPUs
+  // would put trainers 0 and 2 (ranks 2 and 4, both on machine 0) on GPU 0.
+  const std::vector<int> by_node = {0, 1, 0, 1, 0, 1};
+  EXPECT_EQ(LocalTrainerIndex(layout, 0, by_node), 0);
+  EXPECT_EQ(LocalTrainerIndex(layout, 1, by_node), 0);
+  EXPECT_EQ(LocalTrainerIndex(layout, 2, by_node), 1);
+  EXPECT_EQ(LocalTrainerIndex(layout, 3, by_node), 1);
+  // A hostfile filling machines in order: oracle, server and trainer 0 on one, three trainers
+  // on the other.
+  const std::vector<int> by_slot = {0, 0, 0, 3, 3, 3};
+  EXPECT_EQ(LocalTrainerIndex(layout, 0, by_slot), 0);
+  EXPECT_EQ(LocalTrainerIndex(layout, 1, by_slot), 0);
+  EXPECT_EQ(LocalTrainerIndex(layout, 3, by_slot), 2);
+  // One process (the embedded job): the global index.
+  InProcessHub hub(layout.size());
+  for (int t = 0; t < 4; ++t)
+    EXPECT_EQ(LocalTrainerIndex(layout, t, hub.endpoint(0).NodeOfRanks()), t);
+}
+
 TEST(InProcessTransportTest, MessagesBetweenAPairKeepTheirOrderPerTag) {
   InProcessHub hub(2);
   for (int k = 0; k < 100; ++k)
