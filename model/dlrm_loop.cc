@@ -1,6 +1,7 @@
 #include "model/dlrm_loop.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -110,6 +111,60 @@ LoopState MakeLoopState(Head* model, int64_t* global_samples) {
   return state;
 }
 
+// Times a phase of the loop's own device work (the dense forward/backward, the optimizer step)
+// with timing events on the compute stream: GPU time on CUDA, the host clock on a synchronous
+// CPU context. A few intervals are in flight; each is added once its end event completed
+// (queries, no host synchronisation; Flush waits for the rest).
+class PhaseEvents {
+ public:
+  absl::Status Init(const std::shared_ptr<DeviceContext>& context) {
+    for (Interval& interval : intervals_) {
+      ASSIGN_OR_RETURN(interval.begin, DeviceEvent::Create(context, /*timing=*/true));
+      ASSIGN_OR_RETURN(interval.end, DeviceEvent::Create(context, /*timing=*/true));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Begin() {
+    Interval& interval = intervals_[next_];
+    RETURN_IF_ERROR(Collect(interval, /*wait=*/true));
+    return interval.begin.Record(Stream::kCompute);
+  }
+  absl::Status End() {
+    Interval& interval = intervals_[next_];
+    next_ = (next_ + 1) % intervals_.size();
+    RETURN_IF_ERROR(interval.end.Record(Stream::kCompute));
+    interval.pending = true;
+    return absl::OkStatus();
+  }
+  // Seconds of every interval collected so far (completed ones are collected first; `wait`:
+  // all of them).
+  absl::StatusOr<double> Seconds(bool wait) {
+    for (Interval& interval : intervals_) RETURN_IF_ERROR(Collect(interval, wait));
+    return seconds_;
+  }
+
+ private:
+  struct Interval {
+    DeviceEvent begin, end;
+    bool pending = false;
+  };
+  absl::Status Collect(Interval& interval, bool wait) {
+    if (!interval.pending) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const bool done, interval.end.Query());
+    if (!done) {
+      if (!wait) return absl::OkStatus();
+      RETURN_IF_ERROR(interval.end.Synchronize());
+    }
+    ASSIGN_OR_RETURN(const double ms, DeviceEvent::ElapsedMs(interval.begin, interval.end));
+    seconds_ += std::max(ms, 0.0) / 1e3;
+    interval.pending = false;
+    return absl::OkStatus();
+  }
+  std::array<Interval, 4> intervals_;
+  size_t next_ = 0;
+  double seconds_ = 0;
+};
+
 // The loop for any dense head with DenseModel's calling contract (DenseModel, LogRegHead).
 template <typename Head>
 absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& options,
@@ -125,6 +180,9 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
   Stopwatch total_watch;
   Stopwatch interval_watch;
   double forward_backward_seconds = 0, optimizer_seconds = 0;
+  PhaseEvents forward_backward_events, optimizer_events;
+  RETURN_IF_ERROR(forward_backward_events.Init(context));
+  RETURN_IF_ERROR(optimizer_events.Init(context));
   PhaseTimes interval_start;
   TrainerStats stats_start = trainer.stats();
   // Interval sums: loss, samples, unique rows, hits (summed over trainers at each report).
@@ -143,6 +201,8 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
 
   auto report = [&](bool final_report) -> absl::Status {
     const TrainerStats stats = trainer.stats();
+    ASSIGN_OR_RETURN(forward_backward_seconds, forward_backward_events.Seconds(final_report));
+    ASSIGN_OR_RETURN(optimizer_seconds, optimizer_events.Seconds(final_report));
     float sums[4] = {static_cast<float>(interval_loss), static_cast<float>(interval_samples),
                      static_cast<float>(stats.unique_rows - stats_start.unique_rows),
                      static_cast<float>(stats.hits - stats_start.hits)};
@@ -188,18 +248,18 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
     if (pooled_grad.size() < pooled_size) {
       ASSIGN_OR_RETURN(pooled_grad, DeviceArray<float>::Create(context, pooled_size));
     }
-    Stopwatch watch;
     const float loss_scale =
         batch.global_batch_size > 0 ? 1.0f / static_cast<float>(batch.global_batch_size) : 0.0f;
+    RETURN_IF_ERROR(forward_backward_events.Begin());
     ASSIGN_OR_RETURN(double loss,
                      model->ForwardBackward(batch.dense, pooled, batch.labels, batch.num_samples,
                                             loss_scale, pooled_grad.data()));
-    forward_backward_seconds += watch.Seconds();
+    RETURN_IF_ERROR(forward_backward_events.End());
     // Dense gradients stay in device memory: NCCL on GPUs, the Transport all-reduce on CPUs.
     RETURN_IF_ERROR(trainer.AllReduceDevice(model->gradients(), model->num_parameters()));
-    watch.Reset();
+    RETURN_IF_ERROR(optimizer_events.Begin());
     RETURN_IF_ERROR(model->Step(lr));
-    optimizer_seconds += watch.Seconds();
+    RETURN_IF_ERROR(optimizer_events.End());
     RETURN_IF_ERROR(trainer.EndIteration(pooled_grad.data()));
     interval_loss += loss;
     interval_samples += batch.num_samples;
@@ -234,6 +294,8 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
                                 batch.labels_host + batch.num_samples);
   }
   RETURN_IF_ERROR(model->ReadParameters(&outcome->dense_parameters));
+  ASSIGN_OR_RETURN(forward_backward_seconds, forward_backward_events.Seconds(/*wait=*/true));
+  ASSIGN_OR_RETURN(optimizer_seconds, optimizer_events.Seconds(/*wait=*/true));
   const PhaseTimes totals =
       PhaseTimes::FromStats(trainer.stats(), forward_backward_seconds, optimizer_seconds);
   outcome->info["train_loss"] = last_loss;
