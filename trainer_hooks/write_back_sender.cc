@@ -109,9 +109,20 @@ absl::Status WriteBackSender::Submit(Iteration stamp, const Records& buffer,
                                      std::vector<RowId> rows, std::vector<bool> write_back,
                                      Stream stream) {
   if (buffer.index >= 0) RETURN_IF_ERROR(slots_[buffer.index]->ready.Record(stream));
+  Job job{stamp, buffer.index, std::move(rows), std::move(write_back)};
+  if (!context_->is_asynchronous()) {
+    // The records are there already: send now, without the thread's wake-up on the path of a
+    // fetch that waits for this write-back. After the queue, to keep the order.
+    RETURN_IF_ERROR(Drain());
+    const absl::Status status = Send(job);
+    absl::MutexLock lock(&mu_);
+    if (job.buffer >= 0) slots_[job.buffer]->in_flight = false;
+    if (!status.ok() && status_.ok()) status_ = status;
+    return status;
+  }
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(status_);
-  queue_.push_back(Job{stamp, buffer.index, std::move(rows), std::move(write_back)});
+  queue_.push_back(std::move(job));
   return absl::OkStatus();
 }
 

@@ -11,6 +11,9 @@
 // circulate; Buffer blocks while all are in flight (a host wait on the sender, not on the
 // device). Drain waits until everything submitted has been sent.
 //
+// On a synchronous CPU context the records are complete at Submit, which then sends them itself
+// (no thread hop on the path of a fetch that waits for the write-back).
+//
 // Errors (a failed send: the job was aborted) are returned by the next Buffer, Submit or Drain.
 // Thread-safety: Buffer, Submit and Drain are called by the training thread (which made the
 // context current).
