@@ -57,7 +57,9 @@ struct TrainerOptions {
   CachePolicy policy = CachePolicy::kOracle;
   // Rows the cache holds (kDevice: ignored, the whole tables).
   int64_t cache_rows = 0;
-  // Plans (and their prefetches) in flight ahead of the iteration being trained.
+  // Plans (and their prefetches) in flight ahead of the iteration being trained: the plan
+  // thread stages each plan's arrays for the device and requests its rows up to
+  // prefetch_depth + 1 iterations ahead (its staging ring holds prefetch_depth + 2 plans).
   int prefetch_depth = 4;
   bool deterministic = true;
   absl::Duration peer_timeout = absl::Seconds(120);
