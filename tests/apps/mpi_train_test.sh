@@ -63,7 +63,7 @@ fault() {
   local log="$WORK/fault_$kind.log"
   "$MPIEXEC" -np 4 --oversubscribe "$BAGPIPE" train --data "$SYN" --batch-size 200 \
     --iterations 1000000 --cache oracle --cache-rows 2500 --dim 8 --servers 1 --quiet \
-    --peer-timeout 5 >"$log" 2>&1 &
+    --peer-timeout 5 --metrics-out "$log.metrics" --metrics-interval 5 >"$log" 2>&1 &
   local launcher=$!
   # The ranks are the launcher's children; wait until they all run and training began.
   local ranks=""
@@ -72,7 +72,15 @@ fault() {
     [[ $(echo "$ranks" | wc -w) -ge 4 ]] && break
     sleep 0.1
   done
-  sleep 2
+  # Training began when the first metrics line is written (a fixed delay is not enough on a
+  # loaded machine: a rank stopped inside MPI_Init or the transport's set-up collectives hangs
+  # the job before any peer timeout applies).
+  for _ in $(seq 1 600); do
+    [[ -s "$log.metrics" ]] && break
+    kill -0 "$launcher" 2>/dev/null || break
+    sleep 0.1
+  done
+  sleep 0.5
   local victim=""
   if [[ $which == server ]]; then
     for pid in $ranks; do
