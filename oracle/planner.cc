@@ -470,13 +470,19 @@ absl::Status Planner::Impl::Init() {
   }
   sync_.resize(tracks_);
   for (oracle_internal::TableSync& s : sync_) {
-    s.private_rows.resize(trainers_);
-    s.shared.resize(trainers_);
-    s.send.resize(static_cast<size_t>(trainers_ * trainers_));
-    s.recv.resize(static_cast<size_t>(trainers_ * trainers_));
-    s.own.resize(trainers_);
-    s.qs.resize(trainers_);
+    s.qpos.resize(trainers_);
+    s.shared_first.resize(trainers_);
+    s.send_first.resize(static_cast<size_t>(trainers_ * trainers_));
+    s.recv_first.resize(static_cast<size_t>(trainers_ * trainers_));
+    if (o.policy == CachePolicy::kDevice) {
+      s.shared.resize(trainers_);
+      s.send.resize(static_cast<size_t>(trainers_ * trainers_));
+      s.recv.resize(static_cast<size_t>(trainers_ * trainers_));
+      s.own.resize(trainers_);
+      s.qs.resize(trainers_);
+    }
   }
+  assemble_scratch_.resize(trainers_);
   return absl::OkStatus();
 }
 
@@ -1082,6 +1088,9 @@ absl::Status Planner::Impl::PlanNext() {
   } else {
     ForEachTrainerTable(PlannerPass::kClassify, trainers_,
                         [&](int t, int tb) { Classify(t, tb, i); });
+    if (trainers_ > 1) {
+      ForEachTrainerTable(PlannerPass::kMerge, 1, [&](int, int tb) { Merge(tb, i); });
+    }
     lap(PlannerPhase::kClassify);
     std::vector<uint8_t> ok(trainers_, 1);
     ForEach(trainers_, [&](int t) { ok[t] = SelectVictims(t, i); });
@@ -1127,6 +1136,9 @@ absl::Status Planner::Impl::PlanNext() {
     Count(PlannerCounter::kSharedRows, sync.shared_count);
   }
   ForEach(trainers_, [&](int t) { Assemble(t, i); });
+  if (trainers_ > 1 && options_.policy != CachePolicy::kDevice) {
+    ForEachTrainerTable(PlannerPass::kWriteSync, 1, [&](int, int tb) { WriteSync(tb, i); });
+  }
 
   Count(PlannerCounter::kIterations, 1);
   Count(PlannerCounter::kIds, wb.ids);

@@ -17,9 +17,8 @@ using oracle_internal::kNoHandle;
 using oracle_internal::Segment;
 using oracle_internal::SharedOut;
 using oracle_internal::TableSync;
-using oracle_internal::TableTrack;
-using oracle_internal::TrainerRow;
 using oracle_internal::TrainerSlice;
+using oracle_internal::UninitVector;
 using oracle_internal::WindowBatch;
 
 namespace {
@@ -58,13 +57,95 @@ void Planner::Impl::Expire(int table, Iteration i) {
   gt.expiry.erase(gt.expiry.begin(), gt.expiry.begin() + static_cast<std::ptrdiff_t>(due));
 }
 
-void Planner::Impl::Consistency(int table, Iteration i) {
-  TableSync& sync = sync_[table];
-  sync.Reset();
+void Planner::Impl::Merge(int table, Iteration i) {
+  // Records whose stamps expire go first: a row nobody holds may be looked up below.
   Expire(table, i);
+  TableSync& sync = sync_[table];
   GlobalTable& gt = globals_[table];
   WindowBatch& wb = window(i);
   const RowId base = table_offsets_[table];
+  const size_t trainers = static_cast<size_t>(trainers_);
+  size_t total = 0;
+  for (const TrainerSlice& slice : wb.trainers) total += slice.tables[table].rows.size();
+  oracle_internal::BatchDedup& dedup = sync.dedup;
+  dedup.Reset(total);
+  // Sized for every row distinct, written through pointers, cut to the merged count.
+  sync.ids.resize(total);
+  sync.touch_masks.resize(total);
+  sync.hit_masks.resize(total);
+  sync.handles.resize(total);
+  sync.pos.resize(total * trainers);
+  int64_t* const ids = sync.ids.data();
+  uint64_t* const touch = sync.touch_masks.data();
+  uint64_t* const hit = sync.hit_masks.data();
+  uint32_t* const handles = sync.handles.data();
+  int32_t* const pos = sync.pos.data();
+  for (size_t t = 0; t < trainers; ++t) {
+    const Segment& seg = wb.trainers[t].tables[table];
+    const int32_t n = static_cast<int32_t>(seg.rows.size());
+    sync.qpos[t].resize(static_cast<size_t>(n));
+    int32_t* const qpos = sync.qpos[t].data();
+    const RowId* const rows = seg.rows.data();
+    const SlotId* const slots = seg.slots.data();
+    const uint32_t* const globals = seg.globals.data();
+    const uint64_t bit = Bit(static_cast<int>(t));
+    for (int32_t p = 0; p < n; ++p) {
+      const int64_t id = static_cast<int64_t>(rows[p] - base);
+      bool inserted;
+      const int32_t q = dedup.Insert(id, &inserted);
+      if (inserted) {
+        ids[q] = id;
+        touch[q] = 0;
+        hit[q] = 0;
+        handles[q] = kNoHandle;
+      }
+      touch[q] |= bit;
+      pos[static_cast<size_t>(q) * trainers + t] = p;
+      qpos[p] = q;
+      // A resident row's GlobalRow is known (Link or Classify read it from the trainer's record).
+      if (slots[p] != kNoSlot) {
+        hit[q] |= bit;
+        handles[q] = globals[p];
+      }
+    }
+  }
+  const size_t merged = static_cast<size_t>(dedup.size());
+  sync.ids.resize(merged);
+  sync.touch_masks.resize(merged);
+  sync.hit_masks.resize(merged);
+  sync.handles.resize(merged);
+  sync.pos.resize(merged * trainers);
+  // Rows no toucher holds: their GlobalRow, if any, through the index (prefetched ahead).
+  UninitVector<int32_t>& unresolved = sync.unresolved;
+  unresolved.resize(merged);
+  size_t count = 0;
+  for (size_t q = 0; q < merged; ++q) {
+    unresolved[count] = static_cast<int32_t>(q);
+    count += handles[q] == kNoHandle ? 1 : 0;
+  }
+  for (size_t k = 0; k < count; ++k) {
+    if (k + kAhead < count) gt.index.Prefetch(ids[unresolved[k + kAhead]]);
+    const int32_t q = unresolved[k];
+    uint32_t& handle = gt.index.FindOrInsert(ids[q]);
+    if (handle == kNoHandle) {
+      handle = gt.rows.Allocate();
+      gt.rows[handle].id = ids[q];
+    }
+    handles[q] = handle;
+  }
+  const size_t need = gt.rows.capacity() * trainers;
+  if (gt.holder_slots.size() < need) {
+    gt.holder_slots.resize(std::max(need, 2 * gt.holder_slots.size()), kNoSlot);
+  }
+}
+
+void Planner::Impl::Consistency(int table, Iteration i) {
+  TableSync& sync = sync_[table];
+  sync.Reset();
+  GlobalTable& gt = globals_[table];
+  WindowBatch& wb = window(i);
+  const size_t trainers = static_cast<size_t>(trainers_);
+  const uint32_t* const handles = sync.handles.data();
 
   // a. Evictions. The lowest-id trainer evicting a row at this boundary decides for all.
   for (int t = 0; t < trainers_; ++t) {
@@ -96,30 +177,19 @@ void Planner::Impl::Consistency(int table, Iteration i) {
   // b. Fills: flush rows another trainer holds dirty; stamp every fill.
   for (int t = 0; t < trainers_; ++t) {
     TrainerSlice& slice = wb.trainers[t];
-    Segment& seg = slice.tables[table];
-    TableTrack& track = caches_[t].tables[table];
-    for (size_t j = 0; j < seg.misses.size(); ++j) {
-      if (j + kAhead < seg.misses.size()) {
-        const int64_t ahead = static_cast<int64_t>(seg.rows[seg.misses[j + kAhead]] - base);
-        gt.index.Prefetch(ahead);
-        track.rows.Prefetch(ahead);
+    const Segment& seg = slice.tables[table];
+    const int32_t* const qpos = sync.qpos[t].data();
+    const int32_t* const misses = seg.misses.data();
+    const size_t count = seg.misses.size();
+    for (size_t j = 0; j < count; ++j) {
+      if (j + kAhead < count) {
+        const uint32_t ahead = handles[qpos[misses[j + kAhead]]];
+        __builtin_prefetch(&gt.rows[ahead], 1);
+        __builtin_prefetch(&gt.holder_slots[ahead * trainers + static_cast<size_t>(t)], 1);
       }
-      const int32_t p = seg.misses[j];
-      const RowId row = seg.rows[p];
-      const int64_t id = static_cast<int64_t>(row - base);
-      uint32_t& handle_ref = gt.index.FindOrInsert(id);
-      if (handle_ref == kNoHandle) {
-        handle_ref = gt.rows.Allocate();
-        gt.rows[handle_ref].id = id;
-        const size_t need = gt.rows.capacity() * static_cast<size_t>(trainers_);
-        if (gt.holder_slots.size() < need) {
-          gt.holder_slots.resize(std::max(need, 2 * gt.holder_slots.size()), kNoSlot);
-        }
-      }
-      const uint32_t handle = handle_ref;
+      const int32_t p = misses[j];
+      const uint32_t handle = handles[qpos[p]];
       GlobalRow& g = gt.rows[handle];
-      track.rows.Find(id)->global = handle;
-      seg.globals[static_cast<size_t>(p)] = handle;
       if (g.holders != 0 && g.dirty) {
         const int owner = std::countr_zero(g.holders);
         Iteration at = std::max<Iteration>(g.last_touch + 1, i - emit_lag_);
@@ -130,9 +200,9 @@ void Planner::Impl::Consistency(int table, Iteration i) {
           ++at;
         }
         const SlotId owner_slot =
-            gt.holder_slots[static_cast<size_t>(handle) * trainers_ + static_cast<size_t>(owner)];
+            gt.holder_slots[static_cast<size_t>(handle) * trainers + static_cast<size_t>(owner)];
         sync.flushes.push_back({owner, at,
-                                Extraction{owner_slot, row, /*evict=*/false,
+                                Extraction{owner_slot, seg.rows[p], /*evict=*/false,
                                            /*write_back=*/true}});
         g.write_back = static_cast<int32_t>(at);
         g.dirty = false;
@@ -141,114 +211,143 @@ void Planner::Impl::Consistency(int table, Iteration i) {
       slice.plan.fills[static_cast<size_t>(seg.first_fill) + j].after_stamp =
           g.write_back >= i - horizon_ ? g.write_back : -1;
       g.holders |= Bit(t);
-      gt.holder_slots[static_cast<size_t>(handle) * trainers_ + static_cast<size_t>(t)] =
+      gt.holder_slots[static_cast<size_t>(handle) * trainers + static_cast<size_t>(t)] =
           seg.slots[static_cast<size_t>(p)];
     }
   }
 
-  // c. Touches; private rows; rows held since i - 1 and used now were shared at i - 1 "now".
-  for (int t = 0; t < trainers_; ++t) {
-    TrainerSlice& slice = wb.trainers[t];
-    const Segment& seg = slice.tables[table];
-    std::vector<int32_t>& private_rows = sync.private_rows[t];
-    size_t next_miss = 0;
-    const int32_t n = static_cast<int32_t>(seg.rows.size());
-    const uint32_t* globals = seg.globals.data();
-    for (int32_t p = 0; p < n; ++p) {
-      if (p + static_cast<int32_t>(kAhead) < n)
-        __builtin_prefetch(&gt.rows[globals[p + kAhead]], 1);
-      const bool miss = next_miss < seg.misses.size() && seg.misses[next_miss] == p;
-      if (miss) ++next_miss;
-      const uint32_t handle = globals[p];
-      GlobalRow& g = gt.rows[handle];
-      if (!miss && g.shared_iter == i - 1) MarkNow(i - 1, table, g.shared_index);
-      if (g.touch_iter != i) {
-        g.touch_iter = static_cast<int32_t>(i);
-        g.touchers = 0;
-        g.touch_index = static_cast<int32_t>(sync.touched.size());
-        sync.touched.push_back(handle);
-        sync.touch_pos.resize(sync.touch_pos.size() + static_cast<size_t>(trainers_), -1);
+  // c. Touches, once per merged row: rows held since i - 1 and used now were shared at i - 1
+  // "now"; every touched row is dirty; rows held (after the fills) by two trainers or more are
+  // shared, the others private to their one toucher (touchers hold what they touch). The sync
+  // lists are counted here and written by WriteSync.
+  const size_t merged = sync.ids.size();
+  const int64_t* const ids = sync.ids.data();
+  const uint64_t* const touch = sync.touch_masks.data();
+  const uint64_t* const hit = sync.hit_masks.data();
+  sync.holder_masks.resize(merged);
+  uint64_t* const holders = sync.holder_masks.data();
+  wb.now[static_cast<size_t>(table)].assign(merged, 0);
+  sync.shared_counts.assign(trainers, 0);
+  sync.send_counts.assign(trainers * trainers, 0);
+  int32_t* const shared_counts = sync.shared_counts.data();
+  int32_t* const send_counts = sync.send_counts.data();
+  const bool dense = gt.index.dense();
+  std::vector<uint64_t>& bits = sync.shared_bits;
+  if (dense) bits.resize(static_cast<size_t>(table_rows(table) + 63) / 64, 0);
+  size_t first_word = bits.size();
+  size_t last_word = 0;
+  int64_t exchanged = 0;
+  for (size_t q = 0; q < merged; ++q) {
+    if (q + kAhead < merged) __builtin_prefetch(&gt.rows[handles[q + kAhead]], 1);
+    GlobalRow& g = gt.rows[handles[q]];
+    if (hit[q] != 0 && g.shared_iter == i - 1) MarkNow(i - 1, table, g.shared_index);
+    g.last_touch = static_cast<int32_t>(i);
+    g.dirty = true;
+    const uint64_t held = g.holders;
+    holders[q] = held;
+    // At least two holders (no POPCNT in the baseline instruction set).
+    if ((held & (held - 1)) == 0) continue;
+    g.shared_iter = static_cast<int32_t>(i);
+    g.shared_index = static_cast<int32_t>(q);
+    const int64_t id = ids[q];
+    if (dense) {
+      const size_t w = static_cast<size_t>(id) / 64;
+      bits[w] |= uint64_t{1} << (id % 64);
+      first_word = std::min(first_word, w);
+      last_word = std::max(last_word, w);
+    } else {
+      sync.shared_sorted.emplace_back(id, static_cast<int32_t>(q));
+    }
+    for (uint64_t h = held; h != 0; h &= h - 1) ++shared_counts[std::countr_zero(h)];
+    for (uint64_t h = touch[q]; h != 0; h &= h - 1) {
+      const int sender = std::countr_zero(h);
+      int32_t* const counts = send_counts + static_cast<size_t>(sender) * trainers;
+      for (uint64_t peers = held & ~Bit(sender); peers != 0; peers &= peers - 1) {
+        ++counts[std::countr_zero(peers)];
+        ++exchanged;
       }
-      sync.touch_pos[static_cast<size_t>(g.touch_index) * trainers_ + t] = p;
-      g.touchers |= Bit(t);
-      g.last_touch = static_cast<int32_t>(i);
-      g.dirty = true;
-      if (g.holders == Bit(t)) private_rows.push_back(seg.first_unique + p);
     }
   }
+  sync.exchanged = exchanged;
 
-  // d. Shared rows: touched and held by at least two trainers, in RowId order.
-  // At least two holders (no POPCNT in the baseline instruction set).
-  auto is_shared = [](const GlobalRow& g) { return (g.holders & (g.holders - 1)) != 0; };
-  if (gt.index.dense()) {
-    // Tables small enough for a direct index: mark the shared ids in a bitmap and read them back
-    // in order (a scan of at most table_rows / 64 words instead of a sort), clearing the bits.
-    std::vector<uint64_t>& bits = sync.shared_bits;
-    bits.resize(static_cast<size_t>(table_rows(table) + 63) / 64, 0);
-    size_t first = bits.size();
-    size_t last = 0;
-    for (uint32_t handle : sync.touched) {
-      const GlobalRow& g = gt.rows[handle];
-      if (!is_shared(g)) continue;
-      const size_t w = static_cast<size_t>(g.id) / 64;
-      bits[w] |= uint64_t{1} << (g.id % 64);
-      first = std::min(first, w);
-      last = std::max(last, w);
-    }
-    for (size_t w = first; w <= last && w < bits.size(); ++w) {
+  // d. The shared rows in RowId order. Tables small enough for a direct index: a bitmap over
+  // their rows read back in order (a scan of at most table_rows / 64 words instead of a sort),
+  // its bits cleared on the way.
+  if (dense) {
+    for (size_t w = first_word; w <= last_word && w < bits.size(); ++w) {
       for (uint64_t word = bits[w]; word != 0; word &= word - 1) {
         const int64_t id = static_cast<int64_t>(w * 64) + std::countr_zero(word);
-        sync.shared_rows.push_back(gt.index.Find(id));
+        sync.shared_sorted.emplace_back(id, sync.dedup.Find(id));
       }
       bits[w] = 0;
     }
   } else {
-    sync.shared_sorted.clear();
-    for (uint32_t handle : sync.touched) {
-      const GlobalRow& g = gt.rows[handle];
-      if (is_shared(g)) sync.shared_sorted.emplace_back(g.id, handle);
-    }
-    // Row ids are distinct: sorting the pairs orders the handles by id.
+    // Row ids are distinct: sorting the pairs orders them by id.
     std::sort(sync.shared_sorted.begin(), sync.shared_sorted.end());
-    for (const auto& [id, handle] : sync.shared_sorted) sync.shared_rows.push_back(handle);
   }
-  sync.shared_count = static_cast<int64_t>(sync.shared_rows.size());
-  wb.now[static_cast<size_t>(table)].assign(sync.shared_rows.size(), 0);
+  sync.shared_count = static_cast<int64_t>(sync.shared_sorted.size());
+}
+
+void Planner::Impl::WriteSync(int table, Iteration i) {
+  TableSync& sync = sync_[table];
+  GlobalTable& gt = globals_[table];
+  WindowBatch& wb = window(i);
+  const RowId base = table_offsets_[table];
   const size_t trainers = static_cast<size_t>(trainers_);
-  for (size_t q = 0; q < sync.shared_rows.size(); ++q) {
-    if (q + kAhead < sync.shared_rows.size()) {
-      const uint32_t ahead = sync.shared_rows[q + kAhead];
-      __builtin_prefetch(&gt.rows[ahead], 1);
-      __builtin_prefetch(&gt.holder_slots[ahead * trainers]);
+  // Write cursors into every holder's lists, from where this table's entries start.
+  SharedRow* shared[oracle_internal::kMaxTrainers];
+  std::pair<int32_t, int32_t>* flags[oracle_internal::kMaxTrainers];
+  int32_t local[oracle_internal::kMaxTrainers];
+  int32_t first_unique[oracle_internal::kMaxTrainers];
+  std::vector<int32_t*>& send = sync.send_cursors;
+  std::vector<int32_t*>& recv = sync.recv_cursors;
+  send.assign(trainers * trainers, nullptr);
+  recv.assign(trainers * trainers, nullptr);
+  for (size_t h = 0; h < trainers; ++h) {
+    TrainerSlice& slice = wb.trainers[h];
+    local[h] = sync.shared_first[h];
+    shared[h] = slice.plan.shared.data() + local[h];
+    flags[h] = slice.shared_flags.data() + local[h];
+    first_unique[h] = slice.tables[table].first_unique;
+    for (PeerExchange& exchange : slice.plan.peers) {
+      const size_t at = h * trainers + static_cast<size_t>(exchange.peer);
+      send[at] = exchange.send.data() + sync.send_first[at];
+      recv[at] = exchange.recv.data() + sync.recv_first[at];
     }
-    const uint32_t handle = sync.shared_rows[q];
-    GlobalRow& g = gt.rows[handle];
-    g.shared_iter = static_cast<int32_t>(i);
-    g.shared_index = static_cast<int32_t>(q);
-    const RowId row = base + static_cast<RowId>(g.id);
-    const SlotId* slots = &gt.holder_slots[handle * trainers];
-    for (uint64_t holders = g.holders; holders != 0; holders &= holders - 1) {
-      const int h = std::countr_zero(holders);
-      const SlotId slot = slots[h];
+  }
+  const int32_t* const pos = sync.pos.data();
+  const uint64_t* const touch = sync.touch_masks.data();
+  const uint64_t* const holders = sync.holder_masks.data();
+  const uint32_t* const handles = sync.handles.data();
+  const size_t count = sync.shared_sorted.size();
+  for (size_t s = 0; s < count; ++s) {
+    if (s + kAhead < count) {
+      __builtin_prefetch(
+          &gt.holder_slots[handles[sync.shared_sorted[s + kAhead].second] * trainers]);
+    }
+    const auto [id, q] = sync.shared_sorted[s];
+    const RowId row = base + static_cast<RowId>(id);
+    const SlotId* const slots = &gt.holder_slots[handles[q] * trainers];
+    const uint64_t held = holders[q];
+    const uint64_t touched = touch[q];
+    for (uint64_t hs = held; hs != 0; hs &= hs - 1) {
+      const int h = std::countr_zero(hs);
       // A toucher's position is in its Segment.
-      int32_t own = -1;
-      if ((g.touchers & Bit(h)) != 0) {
-        own = wb.trainers[h].tables[table].first_unique +
-              sync.touch_pos[static_cast<size_t>(g.touch_index) * trainers_ + h];
-      }
-      std::vector<SharedOut>& out = sync.shared[h];
-      const int32_t local = static_cast<int32_t>(out.size());
-      out.push_back({SharedRow{slot, row, own, false}, static_cast<int32_t>(q)});
-      std::vector<int32_t>* const send = &sync.send[static_cast<size_t>(h) * trainers];
-      std::vector<int32_t>* const recv = &sync.recv[static_cast<size_t>(h) * trainers];
+      const int32_t own = (touched & Bit(h)) != 0
+                              ? first_unique[h] + pos[static_cast<size_t>(q) * trainers + h]
+                              : -1;
+      *shared[h]++ = SharedRow{slots[h], row, own, false};
+      *flags[h]++ = {table, q};
+      const int32_t at = local[h]++;
+      int32_t** const to = &send[static_cast<size_t>(h) * trainers];
+      int32_t** const from = &recv[static_cast<size_t>(h) * trainers];
       if (own >= 0) {
-        for (uint64_t peers = g.holders & ~Bit(h); peers != 0; peers &= peers - 1) {
-          send[std::countr_zero(peers)].push_back(local);
-          ++sync.exchanged;
+        for (uint64_t peers = held & ~Bit(h); peers != 0; peers &= peers - 1) {
+          *to[std::countr_zero(peers)]++ = at;
         }
       }
-      for (uint64_t peers = g.touchers & ~Bit(h); peers != 0; peers &= peers - 1) {
-        recv[std::countr_zero(peers)].push_back(local);
+      for (uint64_t peers = touched & ~Bit(h); peers != 0; peers &= peers - 1) {
+        *from[std::countr_zero(peers)]++ = at;
       }
     }
   }
@@ -257,31 +356,90 @@ void Planner::Impl::Consistency(int table, Iteration i) {
 void Planner::Impl::Assemble(int trainer, Iteration i) {
   TrainerSlice& slice = window(i).trainers[trainer];
   TrainerPlan& plan = slice.plan;
-  plan.private_unique.clear();
-  plan.shared.clear();
-  // The per-peer lists of a recycled plan (SparePlanningBuffers) keep their capacity.
-  std::vector<PeerExchange> spare = std::move(plan.peers);
-  plan.peers.clear();
-  slice.shared_flags.clear();
   if (options_.policy == CachePolicy::kOff) {
     caches_[trainer].off_resident.assign(plan.unique_slots.begin(), plan.unique_slots.end());
   }
   if (trainers_ == 1) {
     plan.private_unique.resize(plan.unique_rows.size());
     std::iota(plan.private_unique.begin(), plan.private_unique.end(), 0);
+    plan.shared.clear();
+    plan.peers.clear();
+    slice.shared_flags.clear();
     return;
   }
+  if (options_.policy == CachePolicy::kDevice) {
+    AssembleStaged(trainer, i);
+    return;
+  }
+  const size_t trainers = static_cast<size_t>(trainers_);
+  const uint64_t bit = Bit(trainer);
+  // Private rows: the ones this trainer alone holds (it touches them), in table then Segment
+  // order.
+  plan.private_unique.resize(plan.unique_rows.size());
+  int32_t* out = plan.private_unique.data();
+  for (int tb = 0; tb < tracks_; ++tb) {
+    const TableSync& sync = sync_[tb];
+    const Segment& seg = slice.tables[tb];
+    const int32_t* const qpos = sync.qpos[trainer].data();
+    const uint64_t* const holders = sync.holder_masks.data();
+    const int32_t n = static_cast<int32_t>(seg.rows.size());
+    for (int32_t p = 0; p < n; ++p) {
+      *out = seg.first_unique + p;
+      out += holders[qpos[p]] == bit ? 1 : 0;
+    }
+  }
+  plan.private_unique.resize(static_cast<size_t>(out - plan.private_unique.data()));
+  // The sync lists: each table's entries follow the earlier tables' (WriteSync fills them in).
+  int32_t shared_total = 0;
+  std::vector<int32_t>& send_total = assemble_scratch_[static_cast<size_t>(trainer)];
+  send_total.assign(2 * trainers, 0);
+  int32_t* const recv_total = send_total.data() + trainers;
+  const size_t first = static_cast<size_t>(trainer) * trainers;
+  for (int tb = 0; tb < tracks_; ++tb) {
+    TableSync& sync = sync_[tb];
+    sync.shared_first[static_cast<size_t>(trainer)] = shared_total;
+    shared_total += sync.shared_counts[static_cast<size_t>(trainer)];
+    for (size_t peer = 0; peer < trainers; ++peer) {
+      sync.send_first[first + peer] = send_total[peer];
+      sync.recv_first[first + peer] = recv_total[peer];
+      send_total[peer] += sync.send_counts[first + peer];
+      recv_total[peer] += sync.send_counts[peer * trainers + static_cast<size_t>(trainer)];
+    }
+  }
+  plan.shared.resize(static_cast<size_t>(shared_total));
+  slice.shared_flags.resize(static_cast<size_t>(shared_total));
+  // The per-peer lists of a recycled plan (SparePlanningBuffers) keep their capacity.
+  std::vector<PeerExchange> spare = std::move(plan.peers);
+  plan.peers.clear();
+  for (size_t peer = 0; peer < trainers; ++peer) {
+    if (send_total[peer] == 0 && recv_total[peer] == 0) continue;
+    PeerExchange exchange;
+    if (!spare.empty()) {
+      exchange = std::move(spare.back());
+      spare.pop_back();
+    }
+    exchange.peer = static_cast<int>(peer);
+    exchange.send.resize(static_cast<size_t>(send_total[peer]));
+    exchange.recv.resize(static_cast<size_t>(recv_total[peer]));
+    plan.peers.push_back(std::move(exchange));
+  }
+}
+
+void Planner::Impl::AssembleStaged(int trainer, Iteration i) {
+  TrainerSlice& slice = window(i).trainers[trainer];
+  TrainerPlan& plan = slice.plan;
+  // kDevice: every row a trainer touches is shared; nothing is private.
+  plan.private_unique.clear();
+  plan.shared.clear();
+  std::vector<PeerExchange> spare = std::move(plan.peers);
+  plan.peers.clear();
+  slice.shared_flags.clear();
   const size_t trainers = static_cast<size_t>(trainers_);
   const size_t first = static_cast<size_t>(trainer) * trainers;  // this trainer's (h, peer) lists
   // Sized once (the per-peer lists too, counted first): these lists hold up to a few hundred
   // thousand entries per iteration, and growing them reallocates fresh memory each time.
-  size_t private_total = 0;
   size_t shared_total = 0;
-  for (const TableSync& sync : sync_) {
-    private_total += sync.private_rows[trainer].size();
-    shared_total += sync.shared[trainer].size();
-  }
-  plan.private_unique.reserve(private_total);
+  for (const TableSync& sync : sync_) shared_total += sync.shared[trainer].size();
   plan.shared.reserve(shared_total);
   slice.shared_flags.reserve(shared_total);
   for (int peer = 0; peer < trainers_; ++peer) {
@@ -306,8 +464,6 @@ void Planner::Impl::Assemble(int trainer, Iteration i) {
   }
   for (int tb = 0; tb < tracks_; ++tb) {
     const TableSync& sync = sync_[tb];
-    const std::vector<int32_t>& private_rows = sync.private_rows[trainer];
-    plan.private_unique.insert(plan.private_unique.end(), private_rows.begin(), private_rows.end());
     const int32_t offset = static_cast<int32_t>(plan.shared.size());
     for (const SharedOut& out : sync.shared[trainer]) {
       plan.shared.push_back(out.row);

@@ -26,14 +26,23 @@
 //                                   links, queue moves of revived rows (kDevice: Dedup)
 // Planning iteration i:
 //   Classify      (trainer, table)  hits and misses of D_t(i)
+//   Merge         (table)           several trainers: the distinct rows of the table across the
+//                                   trainers' segments, which trainers touch each and where,
+//                                   and each row's GlobalRow (looked up once per row)
 //   SelectVictims (trainer)         victims in eviction order, slots for the fills (how many
 //                                   rows each queue gives up, from its live counts)
 //   Evict         (trainer, table)  pops those rows from the table's queue
 //   Apply         (trainer, table)  record updates, slot assignment, queue the rows of D_t(i);
 //                                   with one trainer also write-back stamps and fill stamps
-//   Consistency   (table)           several trainers: write-back owners, flushes, fill stamps,
-//                                   shared and private rows
-//   Assemble      (trainer)         per-trainer sync lists
+//   Consistency   (table)           several trainers: write-back owners, flushes, fill stamps;
+//                                   one pass over the merged rows for touches, holders, shared
+//                                   rows (ordered by id) and the sizes of the sync lists
+//   Assemble      (trainer)         private rows; sizes the trainer's sync lists
+//   WriteSync     (table)           several trainers: writes the shared rows and the exchange
+//                                   lists straight into every holder's plan
+// With several trainers the cross-trainer work thus grows with the distinct rows of the global
+// batch, not with the sum over trainers of their distinct rows (most rows of a Criteo-like batch
+// are touched by several trainers).
 // The hot loops prefetch the records they will touch a few rows ahead: nearly every record
 // access is a cache miss, and overlapping them is most of the planner's speed.
 #ifndef BAGPIPE_ORACLE_PLANNER_IMPL_H_
@@ -91,6 +100,8 @@ inline void StoreNextUse(uint8_t* at, int32_t distance, int width) {
 
 // PlannerOptions::split_parts at most.
 inline constexpr int kMaxSplitParts = 64;
+// PlannerOptions::num_trainers at most (trainer sets are 64-bit masks).
+inline constexpr int kMaxTrainers = 64;
 
 // The parallel passes over (trainer, table) pairs (Planner::Impl::ForEachTrainerTable).
 enum class PlannerPass : int {
@@ -100,9 +111,11 @@ enum class PlannerPass : int {
   kClassify,
   kEvict,
   kApply,
+  kMerge,
   kConsistency,
+  kWriteSync,
 };
-inline constexpr int kNumPlannerPasses = 7;
+inline constexpr int kNumPlannerPasses = 9;
 
 // How the tasks of one pass are handed out: `order` lists task indices longest first by
 // `seconds`, a moving average of each task's measured durations (Planner::Impl::RunPass).
@@ -145,8 +158,8 @@ struct Segment {
   // is evicted as a row with a known next use (rare; TableTrack::stale lists those), so
   // Classify only looks up kPendingSlot rows (see above).
   UninitVector<SlotId> slots;
-  // Several trainers: each row's GlobalRow (set by Classify, or by Link with the slots, for
-  // hits; by Consistency for fills).
+  // Several trainers: each resident row's GlobalRow (set by Classify, or by Link with the
+  // slots; Merge reads it for the hits and looks up the others).
   UninitVector<uint32_t> globals;
   std::vector<int32_t> uses;     // kLfu: each row's use count including this use
   std::vector<int32_t> misses;   // positions of rows that are not resident
@@ -182,13 +195,11 @@ struct TrainerRow {
   int32_t last_occ = kAbsent;  // latest window occurrence (iteration); kAbsent: not stored
   int32_t last_pos = 0;        // the row's position in the Segment of last_occ
   SlotId slot = kNoSlot;
-  // One trainer: the latest write-back stamp (-1: none). Several: the GlobalRow while resident.
-  union {
-    int32_t write_back = -1;
-    uint32_t global;
-  };
-  int32_t reserved = 0;  // unused: keeps the record at 24 bytes (32-byte RowTable entries)
-  int32_t uses = 0;      // kLfu: planned uses since the start
+  int32_t write_back = -1;  // one trainer: the latest write-back stamp (-1: none)
+  // Several trainers: the row's GlobalRow while the trainer holds it (set at its fill; read only
+  // for resident rows, whose GlobalRow is never freed).
+  uint32_t global = kNoHandle;
+  int32_t uses = 0;  // kLfu: planned uses since the start
 
   static TrainerRow Absent() { return TrainerRow{}; }
   bool present() const { return last_occ != kAbsent; }
@@ -234,21 +245,22 @@ struct TrainerCache {
   std::vector<size_t> key_cursor;
 };
 
-// Cross-trainer state of a row (several trainers). Iterations fit in 31 bits (Planner::Enter),
-// so the record is one 64-byte cache line (in a Slab large enough for huge pages, line-aligned).
+// Cross-trainer state of a row (several trainers). Iterations fit in 31 bits (Planner::Enter).
+// Padded to one 64-byte cache line (in a Slab large enough for huge pages, line-aligned), so
+// that a record never straddles two lines.
 struct GlobalRow {
   int64_t id = -1;  // row within the table; -1 = free record
   uint64_t holders = 0;
   uint64_t evicting = 0;  // scratch: trainers evicting it at the boundary being planned
-  uint64_t touchers = 0;  // trainers touching it at touch_iter
   int32_t last_touch = -1;
   int32_t write_back = -1;  // latest write-back stamp; -1 = none known
-  int32_t touch_iter = -1;
   // Latest iteration it was a shared row (never equal to i - 1 or g - 1 for a real iteration).
   int32_t shared_iter = std::numeric_limits<int32_t>::min();
-  int32_t shared_index = 0;  // its index in WindowBatch::now[table] of shared_iter
-  int32_t touch_index = 0;   // its index in TableSync::touched of touch_iter
+  // Its index in WindowBatch::now[table] of shared_iter (kOracle, kLru, kLfu, kOff: its merged
+  // row index, TableSync::ids, at that iteration).
+  int32_t shared_index = 0;
   bool dirty = false;
+  uint8_t padding[23] = {};
 };
 static_assert(sizeof(GlobalRow) == 64);
 
@@ -269,27 +281,44 @@ struct SharedOut {
   int32_t flag;  // index into WindowBatch::now[table]
 };
 
-// Per table, per iteration output of Consistency, consumed by Assemble.
+// Per table, per iteration state of the cross-trainer phases (several trainers). Merge,
+// Consistency and WriteSync of the table write it; Assemble reads it.
 struct TableSync {
   std::vector<FlushOrder> flushes;
-  std::vector<std::vector<int32_t>> private_rows;  // per trainer, unique_rows indices
-  std::vector<std::vector<SharedOut>> shared;      // per trainer, RowId order
-  // Per (trainer h, peer) at [h * trainers + peer]: indices into shared[h] of the rows h sends
-  // to the peer / receives from it, in shared-row order.
+  // The table's distinct rows at the iteration across trainers ("merged rows", in the order
+  // Merge meets them: trainer by trainer, each in segment order), indexed by q:
+  BatchDedup dedup;                     // row id -> q (kDevice: its own use)
+  UninitVector<int64_t> ids;            // row id within the table
+  UninitVector<uint64_t> touch_masks;   // trainers touching it
+  UninitVector<uint64_t> hit_masks;     // touching trainers that held it before the fills
+  UninitVector<uint32_t> handles;       // its GlobalRow
+  UninitVector<uint64_t> holder_masks;  // trainers holding it after the fills (Consistency)
+  // [q * trainers + t]: the row's position in t's Segment (valid where t touches it).
+  UninitVector<int32_t> pos;
+  std::vector<UninitVector<int32_t>> qpos;  // per trainer, per Segment position: its q
+  UninitVector<int32_t> unresolved;         // Merge scratch: rows nobody holds
+  // Shared rows (at least two holders), as (row id, q) in id order.
+  std::vector<std::pair<int64_t, int32_t>> shared_sorted;
+  // Scratch to order them: a bitmap over the table's rows (direct index; all zero between
+  // iterations).
+  std::vector<uint64_t> shared_bits;
+  // Sizes of the sync lists (Consistency): per holder h, its shared rows here; per (h, peer) at
+  // [h * trainers + peer], the rows h sends to the peer (= the rows the peer receives from h).
+  std::vector<int32_t> shared_counts;
+  std::vector<int32_t> send_counts;
+  // Where this table's entries start in each holder's lists (Assemble): shared_first[h]; at
+  // [h * trainers + peer], send_first and recv_first in the list of h's exchange with the peer.
+  std::vector<int32_t> shared_first;
+  std::vector<int32_t> send_first;
+  std::vector<int32_t> recv_first;
+  std::vector<int32_t*> send_cursors;  // WriteSync scratch, per (h, peer)
+  std::vector<int32_t*> recv_cursors;
+  // kDevice: per trainer, the table's staged shared rows and, per (h, peer), exchange lists (as
+  // indices into shared[h]), which Assemble concatenates.
+  std::vector<std::vector<SharedOut>> shared;
   std::vector<std::vector<int32_t>> send;
   std::vector<std::vector<int32_t>> recv;
-  std::vector<uint32_t> touched;  // GlobalRow handles touched at the iteration
-  // Per touched row, per trainer: the row's position in the trainer's Segment, or -1.
-  std::vector<int32_t> touch_pos;
-  std::vector<uint32_t> shared_rows;  // GlobalRow handles of the shared rows
-  // Scratch to order the shared rows by id: (row id, handle) pairs to sort (hashed index), or
-  // a bitmap over the table's rows (direct index; all zero between iterations).
-  std::vector<std::pair<int64_t, uint32_t>> shared_sorted;
-  std::vector<uint64_t> shared_bits;
   // kDevice scratch.
-  BatchDedup dedup;
-  std::vector<int64_t> ids;
-  std::vector<uint64_t> touch_masks;
   std::vector<int32_t> order;
   std::vector<int32_t> rank;
   std::vector<int64_t> prev_ids;          // sorted shared ids of the previous iteration
@@ -302,13 +331,10 @@ struct TableSync {
   // Clears the per-iteration outputs (keeps capacity and the kDevice history).
   void Reset() {
     flushes.clear();
-    for (auto& v : private_rows) v.clear();
     for (auto& v : shared) v.clear();
     for (auto& v : send) v.clear();
     for (auto& v : recv) v.clear();
-    touched.clear();
-    touch_pos.clear();
-    shared_rows.clear();
+    shared_sorted.clear();
     write_backs = 0;
     shared_count = 0;
     exchanged = 0;
@@ -417,11 +443,15 @@ class Planner::Impl {
   void ExpireRecords(int table, Iteration i);
   std::vector<TrainerPlan> DrainCaches();
 
-  // planner_consistency.cc
+  // planner_consistency.cc (several trainers; Assemble for any number)
+  void Merge(int table, Iteration i);
   void Consistency(int table, Iteration i);
   void Expire(int table, Iteration i);
   void MarkNow(Iteration i, int table, int32_t flag);
   void Assemble(int trainer, Iteration i);
+  // kDevice: concatenates the tables' staged lists.
+  void AssembleStaged(int trainer, Iteration i);
+  void WriteSync(int table, Iteration i);
 
   // planner_device.cc
   void PlanDevice(int table, Iteration i);
@@ -470,6 +500,8 @@ class Planner::Impl {
   std::vector<oracle_internal::TrainerCache> caches_;
   std::vector<oracle_internal::GlobalTable> globals_;
   std::vector<oracle_internal::TableSync> sync_;
+  // Assemble's scratch, per trainer.
+  std::vector<std::vector<int32_t>> assemble_scratch_;
   tbb::enumerable_thread_specific<oracle_internal::BatchDedup> dedup_;
   // Classify's scratch: positions in a segment.
   tbb::enumerable_thread_specific<std::vector<int32_t>> positions_;

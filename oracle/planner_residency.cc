@@ -93,8 +93,7 @@ void Planner::Impl::Classify(int trainer, int table, Iteration i) {
   for (int32_t p = 0; p < n; ++p) {
     if (p + kAhead < n) track.rows.Prefetch(static_cast<int64_t>(rows[p + kAhead] - base));
     TrainerRow& row = *track.rows.Find(static_cast<int64_t>(rows[p] - base));
-    // Valid for resident rows (a holder's GlobalRow is never freed); Consistency sets the
-    // handles of the misses.
+    // Valid for resident rows (a holder's GlobalRow is never freed); Merge finds the misses'.
     if (several) seg.globals[p] = row.global;
     if (off) continue;
     seg.slots[p] = row.slot;
@@ -380,6 +379,9 @@ void Planner::Impl::Apply(int trainer, int table, Iteration i) {
     }
   }
 
+  // Several trainers: each fill's GlobalRow (Merge), kept in the record while the row is held.
+  const uint32_t* const merged_handles = single ? nullptr : sync_[table].handles.data();
+  const int32_t* const qpos = single ? nullptr : sync_[table].qpos[trainer].data();
   const size_t misses = seg.misses.size();
   for (size_t j = 0; j < misses; ++j) {
     if (j + kAhead < misses) {
@@ -391,6 +393,7 @@ void Planner::Impl::Apply(int trainer, int table, Iteration i) {
     const SlotId slot = c.fill_slots[fill];
     TrainerRow& row = *track.rows.Find(static_cast<int64_t>(seg.rows[p] - base));
     row.slot = slot;
+    if (!single) row.global = merged_handles[qpos[p]];
     seg.slots[p] = slot;
     SlotState& state = slots[slot];
     state.row = seg.rows[p];

@@ -326,6 +326,15 @@ class BatchDedup {
     }
   }
 
+  // The position of `key`, or -1 if it was not inserted since the last Reset.
+  int32_t Find(int64_t key) const {
+    for (size_t h = HomeBucket(key, shift_);; h = (h + 1) & mask_) {
+      const Slot& s = slots_[h];
+      if (s.tag != tag_) return -1;
+      if (s.key == key) return s.value;
+    }
+  }
+
   int32_t size() const { return size_; }
 
  private:

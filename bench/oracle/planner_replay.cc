@@ -16,7 +16,12 @@
 //   build/bench/oracle/oracle_planner_replay --threads 1 --model-workers 16
 //
 // Timing runs on this project's 2-core VMs drift by up to 1.5x within minutes: compare builds
-// by alternating their runs, and prefer the digest and callgrind for exact answers.
+// by alternating their runs, and prefer the digest and callgrind for exact answers. Under
+// `valgrind --tool=callgrind --instr-atstart=no` (with or without --cache-sim=yes) only the
+// measured batches are instrumented:
+//
+//   valgrind --tool=callgrind --instr-atstart=no --cache-sim=yes \
+//     build/bench/oracle/oracle_planner_replay --trainers 4 --warmup 420 --measure 10
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -38,6 +43,12 @@
 #include "tbb/global_control.h"
 #include "tbb/info.h"
 #include "xxhash.h"
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#else
+#define CALLGRIND_START_INSTRUMENTATION
+#define CALLGRIND_STOP_INSTRUMENTATION
+#endif
 
 namespace bagpipe {
 namespace {
@@ -310,6 +321,7 @@ int Main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::seconds(pause));
       }
       before = (*planner)->stats();
+      CALLGRIND_START_INSTRUMENTATION;
     }
     const Batch& next = stream[static_cast<size_t>(b)];
     batch.Reset(next.num_dense, next.num_tables);
@@ -334,6 +346,7 @@ int Main(int argc, char** argv) {
     }
     consume();
   }
+  CALLGRIND_STOP_INSTRUMENTATION;
   const PlannerStats after = (*planner)->stats();
   if (absl::Status status = (*planner)->Finish(); !status.ok()) {
     std::cerr << "planner_replay: " << status.message() << "\n";
@@ -373,6 +386,16 @@ int Main(int argc, char** argv) {
                        : 0.0;
   }
   out["phase_ms"] = std::move(phases);
+  // Per measured iteration: the work the plans describe (sums over trainers).
+  nlohmann::json per_batch = nlohmann::json::object();
+  for (const PlannerCounter counter :
+       {PlannerCounter::kUniqueRows, PlannerCounter::kMisses, PlannerCounter::kEvictions,
+        PlannerCounter::kWriteBacks, PlannerCounter::kFlushes, PlannerCounter::kSharedRows,
+        PlannerCounter::kExchangedRows, PlannerCounter::kPrivateRows}) {
+    per_batch[std::string(PlannerCounterName(counter))] =
+        iterations > 0 ? static_cast<double>(after[counter] - before[counter]) / iterations : 0.0;
+  }
+  out["per_batch"] = std::move(per_batch);
   if (model_workers > 0 && iterations > 0) {
     out["model_workers"] = model_workers;
     out["modeled_ms_per_batch"] =
