@@ -591,11 +591,12 @@ TrainerPlan Planner::Impl::SparePlan() {
   TrainerPlan plan;
   if (spare_entry_.empty()) return plan;
   ForEachEntryBuffer(plan, spare_entry_.back(), [&](int k, auto& to, auto& from) {
-    // unique_index, unique_rows and unique_slots keep their size and contents: Enter resizes
-    // them and every element is written before the plan is released (ids by Link or Dedup, rows
-    // by Enter, slots by Apply or PlanDevice), so only growth is zero-filled. Without local
-    // batches unique_index stays empty.
-    const bool overwritten = k == 4 || k == 5 || (k == 3 && options_.build_batch);
+    // unique_index, unique_rows, unique_slots and offsets keep their size and contents: Enter
+    // resizes them and every element is written before the plan is released (ids by Link or
+    // Dedup, rows by Enter, slots by Apply or PlanDevice, offsets by BuildLocalBatch or from the
+    // batch), so only growth is zero-filled. Without local batches unique_index and offsets stay
+    // empty.
+    const bool overwritten = k == 4 || k == 5 || ((k == 2 || k == 3) && options_.build_batch);
     TakeSpare(k, to, from, overwritten);
   });
   spare_entry_.pop_back();
@@ -605,8 +606,13 @@ TrainerPlan Planner::Impl::SparePlan() {
 void Planner::Impl::SparePlanningBuffers(Iteration i) {
   for (TrainerSlice& slice : window(i).trainers) {
     if (spare_planning_.empty()) return;
-    ForEachPlanningBuffer(slice.plan, spare_planning_.back(),
-                          [&](int k, auto& to, auto& from) { TakeSpare(k, to, from, false); });
+    // fills (but under kDevice, which has none), private_unique and shared keep their size and
+    // contents: they are resized when planned and every element is written (fills by Apply, the
+    // others by Assemble or WriteSync), so only growth is zero-filled; extract is appended to.
+    const bool device = options_.policy == CachePolicy::kDevice;
+    ForEachPlanningBuffer(slice.plan, spare_planning_.back(), [&](int k, auto& to, auto& from) {
+      TakeSpare(k, to, from, k == 8 || k == 9 || (k == 7 && !device));
+    });
     slice.plan.peers.swap(spare_planning_.back().peers);
     spare_planning_.pop_back();
   }

@@ -227,16 +227,13 @@ void Planner::Impl::Consistency(int table, Iteration i) {
   sync.holder_masks.resize(merged);
   uint64_t* const holders = sync.holder_masks.data();
   wb.now[static_cast<size_t>(table)].assign(merged, 0);
-  sync.shared_counts.assign(trainers, 0);
-  sync.send_counts.assign(trainers * trainers, 0);
-  int32_t* const shared_counts = sync.shared_counts.data();
-  int32_t* const send_counts = sync.send_counts.data();
+  oracle_internal::MaskPairCounts& pairs = sync.pair_counts;
+  pairs.Reset();
   const bool dense = gt.index.dense();
   std::vector<uint64_t>& bits = sync.shared_bits;
   if (dense) bits.resize(static_cast<size_t>(table_rows(table) + 63) / 64, 0);
   size_t first_word = bits.size();
   size_t last_word = 0;
-  int64_t exchanged = 0;
   for (size_t q = 0; q < merged; ++q) {
     if (q + kAhead < merged) __builtin_prefetch(&gt.rows[handles[q + kAhead]], 1);
     GlobalRow& g = gt.rows[handles[q]];
@@ -258,16 +255,27 @@ void Planner::Impl::Consistency(int table, Iteration i) {
     } else {
       sync.shared_sorted.emplace_back(id, static_cast<int32_t>(q));
     }
-    for (uint64_t h = held; h != 0; h &= h - 1) ++shared_counts[std::countr_zero(h)];
-    for (uint64_t h = touch[q]; h != 0; h &= h - 1) {
+    pairs.Add(touch[q], held);
+  }
+  // The sizes of the sync lists: every holder lists the row; every toucher sends it to every
+  // other holder.
+  sync.shared_counts.assign(trainers, 0);
+  sync.send_counts.assign(trainers * trainers, 0);
+  int32_t* const shared_counts = sync.shared_counts.data();
+  int32_t* const send_counts = sync.send_counts.data();
+  int64_t exchanged = 0;
+  pairs.ForEach([&](uint64_t touched, uint64_t held, int64_t n) {
+    const int32_t rows = static_cast<int32_t>(n);
+    for (uint64_t h = held; h != 0; h &= h - 1) shared_counts[std::countr_zero(h)] += rows;
+    for (uint64_t h = touched; h != 0; h &= h - 1) {
       const int sender = std::countr_zero(h);
       int32_t* const counts = send_counts + static_cast<size_t>(sender) * trainers;
       for (uint64_t peers = held & ~Bit(sender); peers != 0; peers &= peers - 1) {
-        ++counts[std::countr_zero(peers)];
-        ++exchanged;
+        counts[std::countr_zero(peers)] += rows;
+        exchanged += n;
       }
     }
-  }
+  });
   sync.exchanged = exchanged;
 
   // d. The shared rows in RowId order. Tables small enough for a direct index: a bitmap over
@@ -319,35 +327,37 @@ void Planner::Impl::WriteSync(int table, Iteration i) {
   const uint64_t* const touch = sync.touch_masks.data();
   const uint64_t* const holders = sync.holder_masks.data();
   const uint32_t* const handles = sync.handles.data();
+  const std::pair<int64_t, int32_t>* const sorted = sync.shared_sorted.data();
   const size_t count = sync.shared_sorted.size();
+  int32_t at[oracle_internal::kMaxTrainers];  // each holder's index of the row in its list
   for (size_t s = 0; s < count; ++s) {
     if (s + kAhead < count) {
-      __builtin_prefetch(
-          &gt.holder_slots[handles[sync.shared_sorted[s + kAhead].second] * trainers]);
+      __builtin_prefetch(&gt.holder_slots[handles[sorted[s + kAhead].second] * trainers]);
     }
-    const auto [id, q] = sync.shared_sorted[s];
+    const auto [id, q] = sorted[s];
     const RowId row = base + static_cast<RowId>(id);
     const SlotId* const slots = &gt.holder_slots[handles[q] * trainers];
     const uint64_t held = holders[q];
-    const uint64_t touched = touch[q];
+    // Every holder lists the row (the holders that do not touch it only apply the update)...
     for (uint64_t hs = held; hs != 0; hs &= hs - 1) {
       const int h = std::countr_zero(hs);
-      // A toucher's position is in its Segment.
-      const int32_t own = (touched & Bit(h)) != 0
-                              ? first_unique[h] + pos[static_cast<size_t>(q) * trainers + h]
-                              : -1;
-      *shared[h]++ = SharedRow{slots[h], row, own, false};
+      *shared[h]++ = SharedRow{slots[h], row, -1, false};
       *flags[h]++ = {table, q};
-      const int32_t at = local[h]++;
-      int32_t** const to = &send[static_cast<size_t>(h) * trainers];
-      int32_t** const from = &recv[static_cast<size_t>(h) * trainers];
-      if (own >= 0) {
-        for (uint64_t peers = held & ~Bit(h); peers != 0; peers &= peers - 1) {
-          *to[std::countr_zero(peers)]++ = at;
-        }
-      }
-      for (uint64_t peers = touched & ~Bit(h); peers != 0; peers &= peers - 1) {
-        *from[std::countr_zero(peers)]++ = at;
+      at[h] = local[h]++;
+    }
+    // ... and every toucher (a holder too) sends its gradient to every other holder, which
+    // receives it.
+    const int32_t* const row_pos = pos + static_cast<size_t>(q) * trainers;
+    for (uint64_t ts = touch[q]; ts != 0; ts &= ts - 1) {
+      const int t = std::countr_zero(ts);
+      shared[t][-1].own_unique = first_unique[t] + row_pos[t];
+      const int32_t sent = at[t];
+      int32_t** const to = &send[static_cast<size_t>(t) * trainers];
+      int32_t** const from = &recv[static_cast<size_t>(t)];
+      for (uint64_t peers = held & ~Bit(t); peers != 0; peers &= peers - 1) {
+        const int peer = std::countr_zero(peers);
+        *to[peer]++ = sent;
+        *from[static_cast<size_t>(peer) * trainers]++ = at[peer];
       }
     }
   }

@@ -49,6 +49,7 @@
 #define BAGPIPE_ORACLE_PLANNER_IMPL_H_
 
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -281,6 +282,83 @@ struct SharedOut {
   int32_t flag;  // index into WindowBatch::now[table]
 };
 
+// Counts the shared rows of one table and iteration by their (touchers, holders) pair: the
+// sizes of the sync lists follow from these counts (a few distinct pairs) rather than from a
+// count per holder and per (toucher, holder) of every row. Open addressing with generation tags
+// (Reset is O(1)); grows to keep its load at most 1/2.
+class MaskPairCounts {
+ public:
+  struct Entry {
+    uint64_t touchers;
+    uint64_t holders;
+    int64_t count;
+    uint32_t tag;
+  };
+
+  void Reset() {
+    if (entries_.empty()) Resize(256);
+    if (++tag_ == 0) {
+      for (Entry& e : entries_) e.tag = 0;
+      tag_ = 1;
+    }
+    used_.clear();
+  }
+
+  void Add(uint64_t touchers, uint64_t holders) {
+    const uint64_t key = touchers * 0x9e3779b97f4a7c15ULL ^ holders;
+    for (size_t b = HomeBucket(static_cast<int64_t>(key), shift_);; b = (b + 1) & mask_) {
+      Entry& e = entries_[b];
+      if (e.tag != tag_) {
+        e = Entry{touchers, holders, 1, tag_};
+        used_.push_back(static_cast<uint32_t>(b));
+        if (2 * used_.size() > entries_.size()) Resize(2 * entries_.size());
+        return;
+      }
+      if (e.touchers == touchers && e.holders == holders) {
+        ++e.count;
+        return;
+      }
+    }
+  }
+
+  // Calls f(touchers, holders, count) for every pair added since the last Reset.
+  template <typename F>
+  void ForEach(const F& f) const {
+    for (uint32_t b : used_) f(entries_[b].touchers, entries_[b].holders, entries_[b].count);
+  }
+
+ private:
+  void Resize(size_t size) {
+    std::vector<Entry> old;
+    old.swap(entries_);
+    std::vector<uint32_t> used;
+    used.swap(used_);
+    entries_.assign(size, Entry{0, 0, 0, 0});
+    mask_ = size - 1;
+    shift_ = 64 - std::countr_zero(size);
+    const uint32_t tag = tag_;
+    tag_ = 1;
+    for (uint32_t b : used) {
+      const Entry& e = old[b];
+      if (e.tag != tag) continue;
+      const uint64_t key = e.touchers * 0x9e3779b97f4a7c15ULL ^ e.holders;
+      for (size_t h = HomeBucket(static_cast<int64_t>(key), shift_);; h = (h + 1) & mask_) {
+        if (entries_[h].tag != tag_) {
+          entries_[h] = Entry{e.touchers, e.holders, e.count, tag_};
+          used_.push_back(static_cast<uint32_t>(h));
+          break;
+        }
+      }
+    }
+  }
+
+  std::vector<Entry> entries_;
+  std::vector<uint32_t> used_;  // buckets in use, in the order they were taken
+  size_t mask_ = 0;
+  int shift_ = 64;
+  uint32_t tag_ = 0;
+};
+
 // Per table, per iteration state of the cross-trainer phases (several trainers). Merge,
 // Consistency and WriteSync of the table write it; Assemble reads it.
 struct TableSync {
@@ -304,6 +382,7 @@ struct TableSync {
   std::vector<uint64_t> shared_bits;
   // Sizes of the sync lists (Consistency): per holder h, its shared rows here; per (h, peer) at
   // [h * trainers + peer], the rows h sends to the peer (= the rows the peer receives from h).
+  MaskPairCounts pair_counts;
   std::vector<int32_t> shared_counts;
   std::vector<int32_t> send_counts;
   // Where this table's entries start in each holder's lists (Assemble): shared_first[h]; at

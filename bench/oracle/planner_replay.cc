@@ -129,54 +129,100 @@ bool ReadVector(std::istream& in, std::vector<T>* v) {
       in.read(reinterpret_cast<char*>(v->data()), static_cast<std::streamsize>(n * sizeof(T))));
 }
 
-// The stream, generated or read from a cache file written by an earlier run with the same
-// stream flags (the cache stores its own description and is regenerated when that differs).
-bool LoadStream(const SyntheticConfig& config, SampleSource& source, int64_t batch_size,
-                int batches, const std::string& cache, std::vector<Batch>* stream,
-                std::string* error) {
-  const std::string tag = "bagpipe-replay-v1 " + std::to_string(batch_size) + " " +
-                          std::to_string(batches) + " " + std::to_string(config.table_rows[2]) +
-                          " " + std::to_string(config.seed);
-  stream->assign(static_cast<size_t>(batches), Batch{});
-  if (!cache.empty()) {
-    std::ifstream in(cache, std::ios::binary);
-    std::string header;
-    if (in && std::getline(in, header) && header == tag) {
-      bool ok = true;
-      for (Batch& b : *stream) {
-        ok = ok && in.read(reinterpret_cast<char*>(&b.first_sample), sizeof(b.first_sample)) &&
-             in.read(reinterpret_cast<char*>(&b.num_samples), sizeof(b.num_samples)) &&
-             in.read(reinterpret_cast<char*>(&b.num_dense), sizeof(b.num_dense)) &&
-             in.read(reinterpret_cast<char*>(&b.num_tables), sizeof(b.num_tables)) &&
-             ReadVector(in, &b.labels) && ReadVector(in, &b.dense) && ReadVector(in, &b.offsets) &&
-             ReadVector(in, &b.ids);
-      }
-      if (ok) return true;
-    }
+// The stream of batches: generated into memory, or (with a cache file) written once to the file
+// and read back one batch at a time, so that long streams (8 trainers need about 1000 batches to
+// fill their caches) need no memory beyond one batch. The file starts with a description of the
+// stream and is rewritten when that differs.
+class Stream {
+ public:
+  Stream(const SyntheticConfig& config, int64_t batch_size, int batches, std::string cache)
+      : batch_size_(batch_size), batches_(batches), cache_(std::move(cache)) {
+    tag_ = "bagpipe-replay-v1 " + std::to_string(batch_size) + " " + std::to_string(batches) + " " +
+           std::to_string(config.table_rows[2]) + " " + std::to_string(config.seed);
   }
-  for (Batch& b : *stream) {
-    auto read = source.Read(batch_size, &b);
-    if (!read.ok() || *read != batch_size) {
+
+  // Generates the stream from `source` unless the cache file already holds it.
+  bool Open(SampleSource& source, std::string* error) {
+    if (!cache_.empty()) {
+      in_.open(cache_, std::ios::binary);
+      std::string header;
+      if (in_ && std::getline(in_, header) && header == tag_) return true;
+      in_.close();
+      std::ofstream out(cache_, std::ios::binary | std::ios::trunc);
+      out << tag_ << '\n';
+      Batch b;
+      for (int k = 0; k < batches_; ++k) {
+        if (!Generate(source, &b, error)) return false;
+        out.write(reinterpret_cast<const char*>(&b.first_sample), sizeof(b.first_sample));
+        out.write(reinterpret_cast<const char*>(&b.num_samples), sizeof(b.num_samples));
+        out.write(reinterpret_cast<const char*>(&b.num_dense), sizeof(b.num_dense));
+        out.write(reinterpret_cast<const char*>(&b.num_tables), sizeof(b.num_tables));
+        WriteVector(out, b.labels);
+        WriteVector(out, b.dense);
+        WriteVector(out, b.offsets);
+        WriteVector(out, b.ids);
+      }
+      if (!out.flush()) {
+        *error = "cannot write " + cache_;
+        return false;
+      }
+      out.close();
+      in_.open(cache_, std::ios::binary);
+      std::string header2;
+      if (!in_ || !std::getline(in_, header2) || header2 != tag_) {
+        *error = "cannot read back " + cache_;
+        return false;
+      }
+      return true;
+    }
+    memory_.assign(static_cast<size_t>(batches_), Batch{});
+    for (Batch& b : memory_) {
+      if (!Generate(source, &b, error)) return false;
+    }
+    return true;
+  }
+
+  // Copies batch `k` (k = 0, 1, ... in order) into `batch`, keeping its buffers.
+  bool Next(int k, Batch* batch, std::string* error) {
+    if (cache_.empty()) {
+      const Batch& next = memory_[static_cast<size_t>(k)];
+      batch->Reset(next.num_dense, next.num_tables);
+      batch->first_sample = next.first_sample;
+      batch->num_samples = next.num_samples;
+      batch->labels.assign(next.labels.begin(), next.labels.end());
+      batch->dense.assign(next.dense.begin(), next.dense.end());
+      batch->offsets.assign(next.offsets.begin(), next.offsets.end());
+      batch->ids.assign(next.ids.begin(), next.ids.end());
+      return true;
+    }
+    Batch& b = *batch;
+    const bool ok = in_.read(reinterpret_cast<char*>(&b.first_sample), sizeof(b.first_sample)) &&
+                    in_.read(reinterpret_cast<char*>(&b.num_samples), sizeof(b.num_samples)) &&
+                    in_.read(reinterpret_cast<char*>(&b.num_dense), sizeof(b.num_dense)) &&
+                    in_.read(reinterpret_cast<char*>(&b.num_tables), sizeof(b.num_tables)) &&
+                    ReadVector(in_, &b.labels) && ReadVector(in_, &b.dense) &&
+                    ReadVector(in_, &b.offsets) && ReadVector(in_, &b.ids);
+    if (!ok) *error = "cannot read batch " + std::to_string(k) + " from " + cache_;
+    return ok;
+  }
+
+ private:
+  bool Generate(SampleSource& source, Batch* b, std::string* error) {
+    auto read = source.Read(batch_size_, b);
+    if (!read.ok() || *read != batch_size_) {
       *error = "the synthetic stream ended early";
       return false;
     }
+    return true;
   }
-  if (!cache.empty()) {
-    std::ofstream out(cache, std::ios::binary | std::ios::trunc);
-    out << tag << '\n';
-    for (const Batch& b : *stream) {
-      out.write(reinterpret_cast<const char*>(&b.first_sample), sizeof(b.first_sample));
-      out.write(reinterpret_cast<const char*>(&b.num_samples), sizeof(b.num_samples));
-      out.write(reinterpret_cast<const char*>(&b.num_dense), sizeof(b.num_dense));
-      out.write(reinterpret_cast<const char*>(&b.num_tables), sizeof(b.num_tables));
-      WriteVector(out, b.labels);
-      WriteVector(out, b.dense);
-      WriteVector(out, b.offsets);
-      WriteVector(out, b.ids);
-    }
-  }
-  return true;
-}
+
+  int64_t batch_size_;
+  int batches_;
+  std::string cache_;
+  std::string tag_;
+  std::vector<Batch> memory_;
+  std::ifstream in_;
+};
 
 double CpuMs(int who) {
   rusage usage{};
@@ -235,7 +281,9 @@ int Main(int argc, char** argv) {
                  "P > 0: also print the planner's modeled time per batch on P workers and its "
                  "span (PlannerOptions::model_workers)")
       ->capture_default_str();
-  app.add_option("--cache", cache, "file keeping the generated stream between runs");
+  app.add_option("--cache", cache,
+                 "file keeping the generated stream between runs (read back one batch at a "
+                 "time: long streams need no memory)");
   app.add_option("--pause", pause,
                  "seconds to sleep before the measured batches (to attach a profiler to the "
                  "printed pid)");
@@ -264,9 +312,9 @@ int Main(int argc, char** argv) {
     std::cerr << "planner_replay: " << source.status().message() << "\n";
     return 1;
   }
-  std::vector<Batch> stream;
+  Stream stream(config, batch_size, batches, cache);
   std::string error;
-  if (!LoadStream(config, **source, batch_size, batches, cache, &stream, &error)) {
+  if (!stream.Open(**source, &error)) {
     std::cerr << "planner_replay: " << error << "\n";
     return 1;
   }
@@ -323,14 +371,10 @@ int Main(int argc, char** argv) {
       before = (*planner)->stats();
       CALLGRIND_START_INSTRUMENTATION;
     }
-    const Batch& next = stream[static_cast<size_t>(b)];
-    batch.Reset(next.num_dense, next.num_tables);
-    batch.first_sample = next.first_sample;
-    batch.num_samples = next.num_samples;
-    batch.labels.assign(next.labels.begin(), next.labels.end());
-    batch.dense.assign(next.dense.begin(), next.dense.end());
-    batch.offsets.assign(next.offsets.begin(), next.offsets.end());
-    batch.ids.assign(next.ids.begin(), next.ids.end());
+    if (!stream.Next(b, &batch, &error)) {
+      std::cerr << "planner_replay: " << error << "\n";
+      return 1;
+    }
     const double cpu_before = CpuMs(RUSAGE_SELF);
     const auto start = std::chrono::steady_clock::now();
     const absl::Status status = (*planner)->Push(std::move(batch), &batch);
