@@ -1,4 +1,4 @@
-// Property tests: plans for random and Zipf-skewed traces, T = 1..4 trainers, every policy,
+// Property tests: plans for random and Zipf-skewed traces, T = 1..4 and 8 trainers, every policy,
 // several capacities, lookaheads, emit lags and write-back horizons, executed by an independent
 // replay (tests/oracle/plan_replay.h) that checks synchronous-training semantics end to end.
 #include "tests/oracle/plan_replay.h"
@@ -101,7 +101,7 @@ void Replay(const Case& c, bool build_batch = true) {
 
 TEST(PlanReplayTest, OracleAcrossTrainersCapacitiesAndWindows) {
   uint64_t seed = 1;
-  for (int trainers : {1, 2, 3, 4}) {
+  for (int trainers : {1, 2, 3, 4, 8}) {
     for (int64_t extra : {0, 7, 400}) {
       for (int lookahead : {1, 4, 50}) {
         Replay({CachePolicy::kOracle, trainers, extra, lookahead, 2, 6, 1.1, 1, seed++});
@@ -114,7 +114,7 @@ TEST(PlanReplayTest, OracleAcrossTrainersCapacitiesAndWindows) {
 TEST(PlanReplayTest, ReactivePoliciesAcrossTrainersAndCapacities) {
   uint64_t seed = 100;
   for (CachePolicy policy : {CachePolicy::kLru, CachePolicy::kLfu, CachePolicy::kOff}) {
-    for (int trainers : {1, 2, 4}) {
+    for (int trainers : {1, 2, 4, 8}) {
       for (int64_t extra : {0, 9, 400}) {
         Replay({policy, trainers, extra, 1, 2, 5, 1.05, 2, seed++});
         if (HasFailure()) return;
@@ -124,7 +124,7 @@ TEST(PlanReplayTest, ReactivePoliciesAcrossTrainersAndCapacities) {
 }
 
 TEST(PlanReplayTest, DeviceModeAcrossTrainers) {
-  for (int trainers : {1, 2, 3, 4}) {
+  for (int trainers : {1, 2, 3, 4, 8}) {
     Replay({CachePolicy::kDevice, trainers, 0, 1, 2, 8, 0.8, 3, 200u + trainers});
     if (HasFailure()) return;
   }
@@ -133,7 +133,7 @@ TEST(PlanReplayTest, DeviceModeAcrossTrainers) {
 TEST(PlanReplayTest, UniformRowsMultiHotBagsAndEmitLags) {
   uint64_t seed = 300;
   for (int emit_lag : {1, 2, 4}) {
-    for (int trainers : {2, 4}) {
+    for (int trainers : {2, 4, 8}) {
       Replay({CachePolicy::kOracle, trainers, 3, 6, emit_lag, 3, 0.0, 3, seed++});
       if (HasFailure()) return;
       Replay({CachePolicy::kLru, trainers, 3, 1, emit_lag, 3, 0.0, 3, seed++});
@@ -156,7 +156,7 @@ TEST(PlanReplayTest, ShortHorizonsForgetStampsExactly) {
 // through the plans and the shared-row ordering).
 TEST(PlanReplayTest, IdsBeyond32Bits) {
   uint64_t seed = 600;
-  for (int trainers : {2, 3}) {
+  for (int trainers : {2, 3, 8}) {
     Replay({CachePolicy::kOracle, trainers, 4, 6, 2, 6, 1.1, 2, seed++, int64_t{1} << 24});
     Replay({CachePolicy::kLru, trainers, 2, 1, 2, 5, 1.05, 1, seed++, int64_t{1} << 24});
   }
