@@ -1,6 +1,9 @@
 #include "core/optimizer.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace bagpipe {
 
@@ -22,6 +25,28 @@ std::string_view OptimizerName(OptimizerKind kind) {
       return "rowwise-adagrad";
   }
   return "?";
+}
+
+absl::Status ValidateOptimizerConfig(const OptimizerConfig& config, std::string_view what) {
+  const std::string name(OptimizerName(config.kind));
+  if (!(std::isfinite(config.learning_rate) && config.learning_rate >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s %s: the learning rate must be finite and >= 0, got %g", what, name,
+                        config.learning_rate));
+  }
+  if (config.kind == OptimizerKind::kSgd) return absl::OkStatus();
+  if (!(std::isfinite(config.eps) && config.eps > 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s %s: eps must be finite and > 0 (a zero gradient on a zero accumulator would divide "
+        "0 by 0), got %g",
+        what, name, config.eps));
+  }
+  if (!(std::isfinite(config.initial_accumulator) && config.initial_accumulator >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s %s: the initial accumulator must be finite and >= 0, got %g", what,
+                        name, config.initial_accumulator));
+  }
+  return absl::OkStatus();
 }
 
 int StateFloatsPerRow(OptimizerKind kind, int dim) {

@@ -20,9 +20,16 @@ enum class OptimizerKind { kSgd, kAdagrad, kRowwiseAdagrad };
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSgd;
   float learning_rate = 0.01f;
+  // Adagrad kinds: added to sqrt(s) in the denominator (torch.optim.Adagrad's default is 1e-10).
   float eps = 1e-8f;
+  // Adagrad kinds: the value s starts at (torch.optim.Adagrad's initial_accumulator_value).
   float initial_accumulator = 0.0f;
 };
+
+// Checks a configuration: a finite learning rate >= 0 and, for the Adagrad kinds, a finite
+// eps > 0 (a zero gradient on a zero accumulator would otherwise divide 0 by 0) and a finite
+// initial accumulator >= 0. `what` names the optimizer in the message, e.g. "--optimizer".
+absl::Status ValidateOptimizerConfig(const OptimizerConfig& config, std::string_view what);
 
 // "sgd", "adagrad", "rowwise-adagrad" (also "rowwise_adagrad").
 absl::StatusOr<OptimizerKind> ParseOptimizerKind(std::string_view text);

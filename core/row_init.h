@@ -43,6 +43,8 @@ class RowInitializer {
   int dim() const { return dim_; }
   int record_floats() const { return dim_ + state_floats_; }
   uint64_t seed() const { return seed_; }
+  int state_floats() const { return state_floats_; }
+  float initial_accumulator() const { return initial_accumulator_; }
   const std::vector<float>& table_scales() const { return scales_; }
   const std::vector<RowId>& table_offsets() const { return offsets_; }
 

@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "core/status.h"
-#include "core/timer.h"
 #include "sync/protocol.h"
+#include "trainer_hooks/job_config.h"
 
 namespace bagpipe {
 namespace {
@@ -131,32 +131,6 @@ absl::Status GatherAtRankZero(Transport& transport, const JobOptions& options,
   return absl::OkStatus();
 }
 
-absl::Status RunTrainerRank(Transport& transport, const JobOptions& options, int t,
-                            const TrainLoop& loop) {
-  std::shared_ptr<DeviceContext> context;
-  if (options.backend == Backend::kCuda) {
-    const int devices = CudaDeviceCount();
-    if (devices == 0) return absl::FailedPreconditionError("--device cuda but no CUDA device");
-    // The trainer's index among the trainers of its machine picks the GPU (not the global
-    // index: trainers of one machine would share a GPU under --map-by node).
-    const int local = LocalTrainerIndex(options.layout, t, transport.NodeOfRanks());
-    ASSIGN_OR_RETURN(context, DeviceContext::Cuda(local % devices));
-  } else {
-    context = DeviceContext::Cpu();
-  }
-  TrainerOptions trainer_options = options.trainer;
-  trainer_options.peer_timeout = options.peer_timeout;
-  trainer_options.stop_requested = options.stop_requested;
-  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                   Trainer::Create(transport, options.layout, t, context, trainer_options));
-  TrainerOutcome outcome;
-  RETURN_IF_ERROR(loop(*trainer, &outcome));
-  RETURN_IF_ERROR(trainer->Flush());  // no-op when the loop flushed already
-  outcome.stats = trainer->stats();
-  return transport.Send(JobLayout::oracle_rank(), kTagControl,
-                        EncodeControl(ControlKind::kStats, EncodeOutcome(outcome)));
-}
-
 absl::Status RunServerRank(Transport& transport, const JobOptions& options, int s) {
   ServerOptions server_options;
   server_options.initializer = options.trainer.initializer;
@@ -172,8 +146,9 @@ absl::Status RunServerRank(Transport& transport, const JobOptions& options, int 
                         EncodeControl(ControlKind::kStats, Bytes(text.begin(), text.end())));
 }
 
-absl::Status RunOracleRank(Transport& transport, const JobOptions& options, BatchStream& train,
-                           BatchStream* eval, const ParamSink& sink, JobResult* result) {
+// The oracle role's options: the job's, with its checkpoint identity (the options a resumed job
+// must share).
+OracleRoleOptions OracleOptionsOf(const JobOptions& options) {
   OracleRoleOptions oracle = options.oracle;
   oracle.peer_timeout = options.peer_timeout;
   oracle.stop_requested = options.stop_requested;
@@ -186,36 +161,32 @@ absl::Status RunOracleRank(Transport& transport, const JobOptions& options, Batc
        {"eps", sparse.eps},
        {"initial_accumulator", sparse.initial_accumulator}},
       options.trainer.initializer.seed(), options.oracle.planner.schema.table_rows));
-  RETURN_IF_ERROR(RunOracle(transport, options.layout, train, eval, oracle, &result->oracle));
-  return GatherAtRankZero(transport, options, sink, result);
+  return oracle;
 }
 
-// Runs one rank's role; on failure aborts the job so that no other rank waits forever.
-absl::Status RunRole(Transport& transport, const JobOptions& options, BatchStream* train,
-                     BatchStream* eval, const TrainLoop& loop, const ParamSink& sink,
-                     JobResult* result) {
-  const JobLayout& layout = options.layout;
-  const int rank = transport.rank();
-  absl::Status status;
-  switch (layout.RoleOf(rank)) {
-    case Role::kOracle:
-      status = RunOracleRank(transport, options, *train, eval, sink, result);
-      break;
-    case Role::kServer:
-      status = RunServerRank(transport, options, layout.IndexOf(rank));
-      break;
-    case Role::kTrainer:
-      status = RunTrainerRank(transport, options, layout.IndexOf(rank), loop);
-      break;
+// A trainer's device context (CUDA): the trainer's index among the trainers of its machine picks
+// the GPU (not the global index: trainers of one machine would share a GPU under --map-by node).
+absl::StatusOr<std::shared_ptr<DeviceContext>> TrainerContext(Backend backend,
+                                                              const JobLayout& layout, int t,
+                                                              const Transport& transport) {
+  if (backend != Backend::kCuda) return DeviceContext::Cpu();
+  const int devices = CudaDeviceCount();
+  if (devices == 0) return absl::FailedPreconditionError("--device cuda but no CUDA device");
+  const int local = LocalTrainerIndex(layout, t, transport.NodeOfRanks());
+  return DeviceContext::Cuda(local % devices);
+}
+
+// Drives local trainer `local` of `job` with `loop` on the calling thread.
+void RunLocalTrainer(Job& job, int local, const TrainLoop& loop) {
+  Trainer& trainer = job.trainer(local);
+  TrainerOutcome outcome;
+  absl::Status status = trainer.context()->MakeCurrent();
+  if (status.ok()) status = loop(trainer, &outcome);
+  if (status.ok()) {
+    (void)job.CompleteTrainer(local, std::move(outcome));
+  } else {
+    (void)job.Fail(local, status);
   }
-  if (!status.ok()) {
-    // Report the root cause, not the echo of an abort another rank started.
-    const absl::Status aborted = transport.aborted();
-    if (!aborted.ok()) return aborted;
-    status = Annotate(status, layout.Describe(rank));
-    transport.Abort(status);
-  }
-  return status;
 }
 
 }  // namespace
@@ -230,40 +201,230 @@ nlohmann::json ServerStatsJson(const ServerStats& s) {
           {"bytes_per_row", s.bytes_per_row}};
 }
 
+Job::Job(const JobOptions& options, std::unique_ptr<BatchStream> train,
+         std::unique_ptr<BatchStream> eval)
+    : options_(options), train_(std::move(train)), eval_(std::move(eval)) {
+  start_nanos_ = absl::GetCurrentTimeNanos();
+}
+
+absl::StatusOr<std::unique_ptr<Job>> Job::Start(const JobOptions& options,
+                                                std::unique_ptr<BatchStream> train,
+                                                std::unique_ptr<BatchStream> eval,
+                                                Transport* transport) {
+  RETURN_IF_ERROR(ValidateJobOptions(options));
+  const JobLayout& layout = options.layout;
+  if (transport != nullptr) RETURN_IF_ERROR(layout.Validate(transport->size()));
+  if ((transport == nullptr || transport->rank() == 0) && train == nullptr) {
+    return absl::InvalidArgumentError("the job's rank 0 (the oracle) needs the training batches");
+  }
+  std::unique_ptr<Job> job(new Job(options, std::move(train), std::move(eval)));
+  if (transport == nullptr) {
+    std::vector<int> server_ranks;
+    for (int s = 0; s < layout.servers; ++s) server_ranks.push_back(layout.server_rank(s));
+    job->hub_ = std::make_unique<InProcessHub>(layout.size(), options.server_link, server_ranks);
+    job->transport_ = &job->hub_->endpoint(0);
+  } else {
+    job->transport_ = transport;
+  }
+  if (const absl::Status status = job->StartRoles(); !status.ok()) {
+    job->Abort(status);
+    return job->aborted();  // the destructor joins what started
+  }
+  return job;
+}
+
+Transport& Job::endpoint(int rank) { return hub_ != nullptr ? hub_->endpoint(rank) : *transport_; }
+
+absl::Status Job::StartRoles() {
+  const JobLayout& layout = options_.layout;
+  std::vector<int> ranks;
+  if (embedded()) {
+    for (int rank = 0; rank < layout.size(); ++rank) ranks.push_back(rank);
+  } else {
+    ranks.push_back(transport_->rank());
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    role_statuses_.assign(layout.size(), absl::OkStatus());
+  }
+  // Trainers first: a trainer that cannot start leaves no role thread behind.
+  for (int rank : ranks) {
+    if (layout.RoleOf(rank) != Role::kTrainer) continue;
+    const int t = layout.IndexOf(rank);
+    TrainerOptions trainer_options = options_.trainer;
+    trainer_options.peer_timeout = options_.peer_timeout;
+    trainer_options.stop_requested = options_.stop_requested;
+    absl::StatusOr<std::shared_ptr<DeviceContext>> context =
+        TrainerContext(options_.backend, layout, t, endpoint(rank));
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+        context.ok() ? Trainer::Create(endpoint(rank), layout, t, *context, trainer_options)
+                     : context.status();
+    if (!trainer.ok()) return Annotate(trainer.status(), layout.Describe(rank));
+    trainers_.push_back(LocalTrainer{t, std::move(*trainer), false});
+  }
+  for (int rank : ranks) {
+    switch (layout.RoleOf(rank)) {
+      case Role::kServer:
+        StartRoleThread(rank, [this, rank] {
+          return RunServerRank(endpoint(rank), options_, options_.layout.IndexOf(rank));
+        });
+        break;
+      case Role::kOracle:
+        StartRoleThread(rank, [this] {
+          return RunOracle(endpoint(0), options_.layout, *train_, eval_.get(),
+                           OracleOptionsOf(options_), &oracle_stats_);
+        });
+        break;
+      case Role::kTrainer:
+        break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Job::StartRoleThread(int rank, std::function<absl::Status()> body) {
+  role_threads_.push_back(RoleThread{rank, std::thread([this, rank, body = std::move(body)] {
+                                       absl::Status status = body();
+                                       if (!status.ok()) {
+                                         // Report the root cause, not the echo of an abort.
+                                         const absl::Status root = aborted();
+                                         if (root.ok()) {
+                                           status =
+                                               Annotate(status, options_.layout.Describe(rank));
+                                           Abort(status);
+                                         } else {
+                                           status = root;
+                                         }
+                                       }
+                                       absl::MutexLock lock(&mu_);
+                                       role_statuses_[rank] = status;
+                                     })});
+}
+
+void Job::JoinRoleThreads() {
+  for (RoleThread& role : role_threads_) {
+    if (role.thread.joinable()) role.thread.join();
+  }
+}
+
+Job::~Job() {
+  bool finished;
+  {
+    absl::MutexLock lock(&mu_);
+    finished = finished_;
+  }
+  if (!finished && aborted().ok()) {
+    Abort(absl::CancelledError("the job was ended before it finished"));
+  }
+  JoinRoleThreads();
+  trainers_.clear();  // their threads use the transport
+  hub_.reset();
+}
+
+void Job::Abort(const absl::Status& status) { transport_->Abort(status); }
+
+absl::Status Job::Fail(int local, absl::Status status) {
+  const absl::Status root = aborted();
+  if (!root.ok()) return root;
+  if (status.ok()) status = absl::UnknownError("a trainer failed without a message");
+  Abort(Annotate(status,
+                 options_.layout.Describe(options_.layout.trainer_rank(trainers_[local].id))));
+  return aborted();
+}
+
+absl::Status Job::CompleteTrainer(int local, TrainerOutcome outcome) {
+  LocalTrainer& entry = trainers_[local];
+  {
+    absl::MutexLock lock(&mu_);
+    if (entry.completed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("trainer ", entry.id, " was completed twice"));
+    }
+    entry.completed = true;
+  }
+  Trainer& trainer = *entry.trainer;
+  const absl::Status status = [&]() -> absl::Status {
+    RETURN_IF_ERROR(trainer.Flush());  // no-op when the loop flushed already
+    // Evaluation batches the loop did not take would hold the oracle's plan credits.
+    LocalBatch batch;
+    while (true) {
+      ASSIGN_OR_RETURN(const bool more, trainer.BeginEvalBatch(&batch));
+      if (!more) break;
+    }
+    outcome.stats = trainer.stats();
+    return endpoint(options_.layout.trainer_rank(entry.id))
+        .Send(JobLayout::oracle_rank(), kTagControl,
+              EncodeControl(ControlKind::kStats, EncodeOutcome(outcome)));
+  }();
+  if (!status.ok()) return Fail(local, status);
+  return absl::OkStatus();
+}
+
+absl::Status Job::Finish(const ParamSink& sink, JobResult* result) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return absl::FailedPreconditionError("Job::Finish called twice");
+    finished_ = true;
+  }
+  for (int local = 0; local < num_local_trainers(); ++local) {
+    bool completed;
+    {
+      absl::MutexLock lock(&mu_);
+      completed = trainers_[local].completed;
+    }
+    if (!completed && aborted().ok()) (void)CompleteTrainer(local, TrainerOutcome{});
+  }
+  absl::Status gather = absl::OkStatus();
+  if (rank() == 0) {
+    // The oracle's thread ends once every plan is sent; then rank 0 gathers.
+    for (RoleThread& role : role_threads_) {
+      if (role.rank == 0 && role.thread.joinable()) role.thread.join();
+    }
+    absl::Status oracle;
+    {
+      absl::MutexLock lock(&mu_);
+      oracle = role_statuses_[0];
+    }
+    if (oracle.ok() && aborted().ok()) {
+      result->oracle = oracle_stats_;
+      gather = GatherAtRankZero(*transport_, options_, sink, result);
+      if (!gather.ok() && aborted().ok()) {
+        gather = Annotate(gather, options_.layout.Describe(0));
+        Abort(gather);
+      }
+    }
+  }
+  JoinRoleThreads();
+  result->seconds = static_cast<double>(absl::GetCurrentTimeNanos() - start_nanos_) * 1e-9;
+  if (const absl::Status root = aborted(); !root.ok()) return root;
+  absl::MutexLock lock(&mu_);
+  for (const absl::Status& status : role_statuses_) RETURN_IF_ERROR(status);
+  return gather;
+}
+
 absl::Status RunEmbeddedJob(const JobOptions& options, std::unique_ptr<BatchStream> train,
                             std::unique_ptr<BatchStream> eval, const TrainLoop& loop,
                             const ParamSink& sink, JobResult* result) {
-  const JobLayout& layout = options.layout;
-  RETURN_IF_ERROR(layout.Validate());
-  std::vector<int> server_ranks;
-  for (int s = 0; s < layout.servers; ++s) server_ranks.push_back(layout.server_rank(s));
-  InProcessHub hub(layout.size(), options.server_link, server_ranks);
-  Stopwatch watch;
-  std::vector<absl::Status> statuses(layout.size());
+  ASSIGN_OR_RETURN(std::unique_ptr<Job> job,
+                   Job::Start(options, std::move(train), std::move(eval)));
   std::vector<std::thread> threads;
-  for (int rank = layout.size() - 1; rank >= 0; --rank) {
-    threads.emplace_back([&, rank] {
-      statuses[rank] =
-          RunRole(hub.endpoint(rank), options, train.get(), eval.get(), loop, sink, result);
-    });
+  for (int local = 0; local < job->num_local_trainers(); ++local) {
+    threads.emplace_back([&job, &loop, local] { RunLocalTrainer(*job, local, loop); });
   }
-  for (auto& thread : threads) thread.join();
-  result->seconds = watch.Seconds();
-  const absl::Status aborted = hub.endpoint(0).aborted();
-  if (!aborted.ok()) return aborted;
-  for (const absl::Status& status : statuses) RETURN_IF_ERROR(status);
-  return absl::OkStatus();
+  for (std::thread& thread : threads) thread.join();
+  return job->Finish(sink, result);
 }
 
 absl::Status RunDistributedRank(Transport& transport, const JobOptions& options,
                                 std::unique_ptr<BatchStream> train,
                                 std::unique_ptr<BatchStream> eval, const TrainLoop& loop,
                                 const ParamSink& sink, JobResult* result) {
-  RETURN_IF_ERROR(options.layout.Validate(transport.size()));
-  Stopwatch watch;
-  absl::Status status = RunRole(transport, options, train.get(), eval.get(), loop, sink, result);
-  result->seconds = watch.Seconds();
-  return status;
+  ASSIGN_OR_RETURN(std::unique_ptr<Job> job,
+                   Job::Start(options, std::move(train), std::move(eval), &transport));
+  for (int local = 0; local < job->num_local_trainers(); ++local) {
+    RunLocalTrainer(*job, local, loop);
+  }
+  return job->Finish(sink, result);
 }
 
 }  // namespace bagpipe

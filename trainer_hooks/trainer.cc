@@ -20,6 +20,7 @@
 #endif
 #include "sync/protocol.h"
 #include "trainer_hooks/batch_staging.h"
+#include "trainer_hooks/external_stream.h"
 #include "trainer_hooks/ordering_faults.h"
 #include "trainer_hooks/plan_codec.h"
 #include "trainer_hooks/write_back_sender.h"
@@ -332,11 +333,18 @@ class Trainer::Impl {
     }
     const size_t out = static_cast<size_t>(batch_.num_samples) * batch_.num_tables * dim_;
     RETURN_IF_ERROR(pooled_.Reserve(context_, out));
+    RETURN_IF_ERROR(LookupPooledInto(pooled_.data()));
+    return pooled_.data();
+  }
+
+  absl::Status LookupPooledInto(float* pooled) {
+    if (lookup_cache_ == nullptr) {
+      return absl::FailedPreconditionError("LookupPooled outside an iteration");
+    }
     RETURN_IF_ERROR(clock_.Begin(kLookupPhase, Stream::kCompute));
     RETURN_IF_ERROR(lookup_cache_->Gather(batch_.slots, batch_.offsets, batch_.num_tables,
-                                          batch_.num_samples, pooled_.data()));
-    RETURN_IF_ERROR(clock_.End(kLookupPhase, Stream::kCompute));
-    return pooled_.data();
+                                          batch_.num_samples, pooled));
+    return clock_.End(kLookupPhase, Stream::kCompute);
   }
 
   absl::Status EndIteration(const float* pooled_grad) {
@@ -999,7 +1007,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Transport& transport, J
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
-Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+// The public calls wrap the implementation's with the external-stream ordering of the device
+// contract (trainer.h; no-ops on the CPU backend and without an external stream).
+Trainer::Trainer(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)), external_(std::make_unique<ExternalStream>(impl_->context())) {}
 Trainer::~Trainer() = default;
 int Trainer::id() const { return impl_->id(); }
 int Trainer::num_trainers() const { return impl_->num_trainers(); }
@@ -1008,23 +1019,50 @@ absl::Status Trainer::SetLoopState(LoopState state) {
 }
 absl::StatusOr<Iteration> Trainer::FirstIteration() { return impl_->FirstIteration(); }
 const std::shared_ptr<DeviceContext>& Trainer::context() const { return impl_->context(); }
+absl::Status Trainer::SetExternalStream(void* stream) { return external_->Set(stream); }
 absl::StatusOr<bool> Trainer::BeginIteration(LocalBatch* batch) {
-  return impl_->BeginIteration(batch);
+  ASSIGN_OR_RETURN(const bool more, impl_->BeginIteration(batch));
+  RETURN_IF_ERROR(external_->WaitForReads());
+  if (more) RETURN_IF_ERROR(external_->ExternalWaitsForCompute());
+  return more;
 }
-absl::StatusOr<const float*> Trainer::LookupPooled() { return impl_->LookupPooled(); }
+absl::StatusOr<const float*> Trainer::LookupPooled() {
+  ASSIGN_OR_RETURN(const float* pooled, impl_->LookupPooled());
+  RETURN_IF_ERROR(external_->ExternalWaitsForCompute());
+  return pooled;
+}
+absl::Status Trainer::LookupPooledInto(float* pooled) {
+  RETURN_IF_ERROR(external_->ComputeWaitsForExternal());
+  RETURN_IF_ERROR(impl_->LookupPooledInto(pooled));
+  return external_->ExternalWaitsForCompute();
+}
 absl::Status Trainer::EndIteration(const float* pooled_grad) {
-  return impl_->EndIteration(pooled_grad);
+  RETURN_IF_ERROR(external_->ComputeWaitsForExternal());
+  RETURN_IF_ERROR(impl_->EndIteration(pooled_grad));
+  RETURN_IF_ERROR(external_->MarkReads());
+  return external_->ExternalWaitsForCompute();
 }
 absl::Status Trainer::EndIterationWithRowGradients(const float* row_grads) {
-  return impl_->EndIterationWithRowGradients(row_grads);
+  RETURN_IF_ERROR(external_->ComputeWaitsForExternal());
+  RETURN_IF_ERROR(impl_->EndIterationWithRowGradients(row_grads));
+  RETURN_IF_ERROR(external_->MarkReads());
+  return external_->ExternalWaitsForCompute();
 }
 absl::Status Trainer::AllReduce(float* data, size_t count) { return impl_->AllReduce(data, count); }
 absl::Status Trainer::AllReduceDevice(float* data, size_t count) {
-  return impl_->AllReduceDevice(data, count);
+  RETURN_IF_ERROR(external_->ComputeWaitsForExternal());
+  RETURN_IF_ERROR(impl_->AllReduceDevice(data, count));
+  RETURN_IF_ERROR(external_->MarkReads());
+  return external_->ExternalWaitsForCompute();
 }
-absl::Status Trainer::Flush() { return impl_->Flush(); }
+absl::Status Trainer::Flush() {
+  RETURN_IF_ERROR(impl_->Flush());
+  return external_->WaitForReads();
+}
 absl::StatusOr<bool> Trainer::BeginEvalBatch(LocalBatch* batch) {
-  return impl_->BeginEvalBatch(batch);
+  ASSIGN_OR_RETURN(const bool more, impl_->BeginEvalBatch(batch));
+  if (more) RETURN_IF_ERROR(external_->ExternalWaitsForCompute());
+  return more;
 }
 EmbeddingCache& Trainer::cache() { return impl_->cache(); }
 TrainerStats Trainer::stats() const { return impl_->stats(); }

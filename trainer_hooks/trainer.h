@@ -25,8 +25,28 @@
 // (sum of the trainer's per-sample losses) / global_batch_size, so that summing over trainers
 // gives the gradient of the global mean loss, for sparse and dense parameters alike.
 //
-// Thread-safety: a Trainer is used by one training thread (it runs its own background
-// threads internally).
+// Device contract (what a loop on a GPU, e.g. PyTorch's, may rely on; the CPU backend runs
+// everything in program order on the calling thread, so it holds there trivially):
+//  - A trainer queues its device work on its context's compute stream. What BeginIteration
+//    hands out (the LocalBatch arrays) and what LookupPooled returns are ready in stream order on
+//    that compute stream and stay valid until the next BeginIteration.
+//  - The runtime reads `pooled_grad` (EndIteration), `row_grads` (EndIterationWithRowGradients)
+//    and the AllReduceDevice buffer asynchronously, in compute-stream order. The caller keeps
+//    them alive and unmodified until those reads are done: at the latest until the next
+//    BeginIteration or Flush returns (they order after the reads). LookupPooledInto writes the
+//    caller's buffer the same way: it is written when the compute stream gets there.
+//  - A caller computing on another stream (PyTorch's current CUDA stream) registers it with
+//    SetExternalStream. Then BeginIteration, BeginEvalBatch and LookupPooled(Into) make that
+//    stream wait (an event) for the batch and the pooled embeddings; EndIteration(...) and
+//    AllReduceDevice make the compute stream wait for the work queued so far on the external
+//    stream before they read (or LookupPooledInto writes) the caller's buffer and, after queueing
+//    their last access to it, make the external stream wait for it — so a stream-ordered
+//    allocator (PyTorch's caching allocator) cannot hand the caller's freed buffer out again
+//    before the runtime is done with it. On the CPU backend these are ordering no-ops.
+//
+// Thread-safety: a Trainer is driven by one thread at a time (it runs its own background
+// threads internally); the thread makes the trainer's device current first
+// (context()->MakeCurrent()).
 #ifndef BAGPIPE_TRAINER_HOOKS_TRAINER_H_
 #define BAGPIPE_TRAINER_HOOKS_TRAINER_H_
 
@@ -50,6 +70,7 @@
 namespace bagpipe {
 
 class EmbeddingCache;
+class ExternalStream;
 
 struct TrainerOptions {
   int dim = 16;
@@ -176,6 +197,9 @@ class Trainer {
   // Pooled (sum) embeddings of the current batch, [num_samples x num_tables x dim], in memory
   // owned by the trainer (valid until the next BeginIteration).
   absl::StatusOr<const float*> LookupPooled();
+  // The same, written to the caller's `pooled` (num_samples * num_tables * dim floats in the
+  // trainer's device memory), e.g. a tensor the caller's framework owns.
+  absl::Status LookupPooledInto(float* pooled);
   // Ends the iteration with d(loss)/d(pooled) [num_samples x num_tables x dim].
   absl::Status EndIteration(const float* pooled_grad);
   // Ends the iteration with one gradient row per unique row, [num_unique x dim] in device memory
@@ -200,6 +224,10 @@ class Trainer {
   // pooled embeddings LookupPooled returns, as in training.
   absl::StatusOr<bool> BeginEvalBatch(LocalBatch* batch);
 
+  // Registers the stream the caller computes on (a cudaStream_t on the trainer's device;
+  // nullptr: none, the default): see the device contract above. CPU: only nullptr is accepted.
+  absl::Status SetExternalStream(void* stream);
+
   EmbeddingCache& cache();
   TrainerStats stats() const;
 
@@ -207,6 +235,7 @@ class Trainer {
   class Impl;
   explicit Trainer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<ExternalStream> external_;
 };
 
 }  // namespace bagpipe

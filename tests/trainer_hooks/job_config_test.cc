@@ -1,0 +1,232 @@
+// JobConfig is the one place a job's options are set: Resolve derives the planner's, trainers'
+// and oracle's options from it so that they agree, and every contradiction — in a JobConfig or
+// in a JobOptions assembled by hand — is rejected with an error naming the options and values.
+#include "trainer_hooks/job_config.h"
+
+#include <string>
+
+#include "data/synthetic.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sync/roles.h"
+
+namespace bagpipe {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+Schema SmallSchema() {
+  Schema schema;
+  schema.dense_names = {"d0", "d1"};
+  schema.table_names = {"t0", "t1", "t2"};
+  schema.table_rows = {100, 40, 1000};
+  return schema;
+}
+
+std::string Message(const absl::Status& status) { return std::string(status.message()); }
+
+TEST(JobConfigTest, ResolveDerivesEveryComponentFromOnePlace) {
+  JobConfig config;
+  config.trainers = 2;
+  config.servers = 3;
+  config.cache = CachePolicy::kOracle;
+  config.cache_rows = 500;
+  config.lookahead = 7;
+  config.dim = 8;
+  config.optimizer = {OptimizerKind::kAdagrad, 0.01f, 1e-10f, 0.25f};
+  config.iterations = 30;
+  config.plan_queue_depth = 5;
+  auto options = config.Resolve(SmallSchema());
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->layout.trainers, 2);
+  EXPECT_EQ(options->layout.servers, 3);
+  EXPECT_EQ(options->oracle.planner.num_trainers, 2);
+  EXPECT_EQ(options->oracle.planner.capacity, 500);
+  EXPECT_EQ(options->trainer.cache_rows, 500);
+  EXPECT_EQ(options->oracle.planner.lookahead, 7);
+  EXPECT_EQ(options->oracle.planner.policy, CachePolicy::kOracle);
+  EXPECT_EQ(options->trainer.policy, CachePolicy::kOracle);
+  EXPECT_EQ(options->trainer.dim, 8);
+  EXPECT_EQ(options->trainer.sparse_optimizer.eps, 1e-10f);
+  EXPECT_EQ(options->trainer.initializer.dim(), 8);
+  EXPECT_EQ(options->trainer.initializer.state_floats(), 8);
+  EXPECT_EQ(options->trainer.initializer.initial_accumulator(), 0.25f);
+  EXPECT_EQ(options->trainer.initializer.table_offsets(), SmallSchema().TableOffsets());
+  EXPECT_EQ(options->oracle.max_iterations, 30);
+  EXPECT_EQ(options->oracle.plan_queue_depth, 5);
+  EXPECT_TRUE(ValidateJobOptions(*options).ok());
+
+  // The reactive policies plan one batch at a time whatever the lookahead.
+  config.cache = CachePolicy::kLru;
+  options = config.Resolve(SmallSchema());
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->oracle.planner.lookahead, 1);
+  // The default capacity follows the schema, the batch and the trainers.
+  config.cache_rows = 0;
+  options = config.Resolve(SmallSchema());
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->trainer.cache_rows, DefaultCacheRows(SmallSchema(), config.batch_size, 2));
+  EXPECT_EQ(options->oracle.planner.capacity, options->trainer.cache_rows);
+}
+
+TEST(JobConfigTest, DenseOptimizerFollowsTheEmbeddingOneUnlessSetAndZeroMeansZero) {
+  JobConfig config;
+  config.optimizer = {OptimizerKind::kRowwiseAdagrad, 0.05f, 1e-9f, 0.5f};
+  OptimizerConfig dense = config.DenseOptimizer();
+  EXPECT_EQ(dense.kind, OptimizerKind::kAdagrad);  // dense parameters have no rows
+  EXPECT_EQ(dense.learning_rate, 0.05f);
+  EXPECT_EQ(dense.eps, 1e-9f);
+  EXPECT_EQ(dense.initial_accumulator, 0.5f);
+  config.dense_optimizer = OptimizerKind::kSgd;
+  config.dense_lr = 0.0f;  // "--dense-lr 0" freezes the dense model, it does not mean "unset"
+  config.dense_eps = 1e-6f;
+  config.dense_initial_accumulator = 0.0f;
+  dense = config.DenseOptimizer();
+  EXPECT_EQ(dense.kind, OptimizerKind::kSgd);
+  EXPECT_EQ(dense.learning_rate, 0.0f);
+  EXPECT_EQ(dense.eps, 1e-6f);
+  EXPECT_EQ(dense.initial_accumulator, 0.0f);
+  EXPECT_TRUE(config.Validate().ok());
+  const nlohmann::json json = config.ToJson();
+  EXPECT_EQ(json["dense_lr"].get<float>(), 0.0f);
+  EXPECT_EQ(json["eps"].get<float>(), 1e-9f);
+  EXPECT_EQ(json["dense_optimizer"], "sgd");
+}
+
+TEST(JobConfigTest, ContradictionsAreRejectedNamingTheOptions) {
+  JobConfig config;
+  config.trainers = 2;
+  config.oracle_split_parts = 4;
+  EXPECT_THAT(Message(config.Validate()),
+              AllOf(HasSubstr("--oracle-split-parts 4"), HasSubstr("--trainers 2")));
+  config = JobConfig();
+  config.cache = CachePolicy::kDevice;
+  config.oracle_split_parts = 2;
+  EXPECT_THAT(Message(config.Validate()),
+              AllOf(HasSubstr("--oracle-split-parts 2"), HasSubstr("--cache device")));
+  config = JobConfig();
+  config.optimizer = {OptimizerKind::kAdagrad, 0.05f, 0.0f, 0.0f};
+  EXPECT_THAT(Message(config.Validate()), AllOf(HasSubstr("--eps 0"), HasSubstr("adagrad")));
+  config.optimizer.eps = 1e-8f;
+  config.optimizer.initial_accumulator = -1;
+  EXPECT_THAT(Message(config.Validate()), HasSubstr("--initial-accumulator -1"));
+  config = JobConfig();
+  config.dense_lr = -0.5f;
+  EXPECT_THAT(Message(config.Validate()), HasSubstr("--dense-lr -0.5"));
+  config = JobConfig();
+  config.optimizer = {OptimizerKind::kSgd, 0.05f, 0.0f, 0.0f};  // SGD has no eps: fine...
+  EXPECT_TRUE(config.Validate().ok());
+  config.dense_optimizer = OptimizerKind::kAdagrad;  // ...but the dense Adagrad inherits 0
+  EXPECT_THAT(Message(config.Validate()), HasSubstr("--dense-eps 0"));
+  config = JobConfig();
+  config.cache_rows = -3;
+  EXPECT_THAT(Message(config.Validate()), HasSubstr("--cache-rows -3"));
+  config = JobConfig();
+  config.eval_fraction = 1.5;
+  EXPECT_THAT(Message(config.Validate()), HasSubstr("--eval-fraction 1.5"));
+  config = JobConfig();
+  config.lookahead = 0;
+  EXPECT_THAT(Message(config.Validate()), HasSubstr("--lookahead 0"));
+}
+
+TEST(JobConfigTest, MpirunLayoutMismatchesAreRejected) {
+  JobConfig config;
+  config.servers = 1;
+  auto options = config.Resolve(SmallSchema(), /*world_size=*/4);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->layout.trainers, 2);  // implied by the world size
+  EXPECT_EQ(options->oracle.planner.num_trainers, 2);
+  config.trainers = 3;
+  EXPECT_THAT(Message(config.Resolve(SmallSchema(), 4).status()),
+              AllOf(HasSubstr("--trainers 3"), HasSubstr("4 ranks"), HasSubstr("--servers 1"),
+                    HasSubstr("leaves 2 trainers")));
+  config.trainers = 0;
+  config.servers = 3;
+  EXPECT_THAT(Message(config.Resolve(SmallSchema(), 4).status()), HasSubstr("leaves no trainer"));
+  config.servers = 1;
+  config.server_link = *LinkModel::Parse("1Gbit/s,100us");
+  EXPECT_THAT(Message(config.Resolve(SmallSchema(), 4).status()), HasSubstr("--server-link"));
+  EXPECT_TRUE(config.Resolve(SmallSchema()).ok());  // embedded: the link is emulated
+  // Splitting is for one trainer: an mpirun world that implies two is refused.
+  config = JobConfig();
+  config.oracle_split_parts = 2;
+  EXPECT_THAT(Message(config.Resolve(SmallSchema(), 4).status()),
+              AllOf(HasSubstr("--oracle-split-parts 2"), HasSubstr("--trainers 2")));
+}
+
+TEST(JobConfigTest, HandAssembledJobOptionsThatDisagreeAreRejected) {
+  JobConfig config;
+  config.trainers = 2;
+  config.cache_rows = 500;
+  config.dim = 4;
+  config.optimizer = {OptimizerKind::kAdagrad, 0.05f, 1e-8f, 0.1f};
+  const auto good = config.Resolve(SmallSchema());
+  ASSERT_TRUE(good.ok()) << good.status();
+
+  JobOptions options = *good;
+  options.oracle.planner.num_trainers = 1;  // a planner sized for fewer trainers
+  EXPECT_THAT(Message(ValidateJobOptions(options)),
+              AllOf(HasSubstr("plans for 1 trainer"), HasSubstr("has 2")));
+  options = *good;
+  options.oracle.planner.capacity = 800;  // slots past the cache
+  EXPECT_THAT(Message(ValidateJobOptions(options)),
+              AllOf(HasSubstr("cache of 800 rows"), HasSubstr("holds 500")));
+  options = *good;
+  options.oracle.planner.policy = CachePolicy::kLru;
+  EXPECT_THAT(Message(ValidateJobOptions(options)),
+              AllOf(HasSubstr("--cache lru"), HasSubstr("--cache oracle")));
+  options = *good;
+  options.trainer.dim = 8;
+  EXPECT_THAT(Message(ValidateJobOptions(options)),
+              AllOf(HasSubstr("dim 4"), HasSubstr("--dim 8")));
+  options = *good;
+  options.trainer.sparse_optimizer.kind = OptimizerKind::kSgd;  // records of another size
+  EXPECT_THAT(Message(ValidateJobOptions(options)),
+              AllOf(HasSubstr("4 optimizer-state"), HasSubstr("sgd keeps 0")));
+  options = *good;
+  options.trainer.sparse_optimizer.initial_accumulator = 0.0f;
+  EXPECT_THAT(Message(ValidateJobOptions(options)), HasSubstr("accumulator 0.1"));
+  options = *good;
+  Schema other = SmallSchema();
+  other.table_rows[1] = 41;
+  options.oracle.planner.schema = other;
+  EXPECT_THAT(Message(ValidateJobOptions(options)), HasSubstr("tables of"));
+  options = *good;
+  options.trainer.sparse_optimizer.eps = 0;
+  EXPECT_THAT(Message(ValidateJobOptions(options)), HasSubstr("eps"));
+  // kDevice ignores the capacity.
+  config.cache = CachePolicy::kDevice;
+  const auto device = config.Resolve(SmallSchema());
+  ASSERT_TRUE(device.ok()) << device.status();
+  options = *device;
+  options.oracle.planner.capacity = 0;
+  EXPECT_TRUE(ValidateJobOptions(options).ok());
+}
+
+TEST(JobConfigTest, OpenJobDataReadsTheSourceAndItsHeldOutTail) {
+  JobConfig config;
+  config.data = "synthetic:samples=1000,tables=3,seed=4";
+  config.batch_size = 128;
+  config.eval_fraction = 0.25;
+  auto data = OpenJobData(config, /*stream=*/true);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->schema.num_tables(), 3);
+  ASSERT_NE(data->train, nullptr);
+  ASSERT_NE(data->eval, nullptr);
+  int64_t train_samples = 0, eval_samples = 0;
+  Batch batch;
+  while (*data->train->Next(&batch)) train_samples += batch.num_samples;
+  while (*data->eval->Next(&batch)) eval_samples += batch.num_samples;
+  EXPECT_EQ(train_samples, 750);
+  EXPECT_EQ(eval_samples, 250);
+  auto schema_only = OpenJobData(config, /*stream=*/false);
+  ASSERT_TRUE(schema_only.ok());
+  EXPECT_EQ(schema_only->train, nullptr);
+  EXPECT_EQ(schema_only->schema, data->schema);
+  config.data = "nosuch:x";
+  EXPECT_FALSE(OpenJobData(config, true).ok());
+}
+
+}  // namespace
+}  // namespace bagpipe

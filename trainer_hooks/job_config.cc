@@ -1,0 +1,325 @@
+#include "trainer_hooks/job_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status.h"
+
+namespace bagpipe {
+namespace {
+
+template <typename... Parts>
+absl::Status Invalid(const Parts&... parts) {
+  return absl::InvalidArgumentError(absl::StrCat(parts...));
+}
+
+// The optimizer options of `config`, named with `prefix` ("" or "dense-") as the flags are.
+absl::Status CheckOptimizer(const OptimizerConfig& config, const std::string& prefix) {
+  if (!(std::isfinite(config.learning_rate) && config.learning_rate >= 0)) {
+    return Invalid("--", prefix, "lr ", config.learning_rate, ": must be finite and >= 0");
+  }
+  if (config.kind == OptimizerKind::kSgd) return absl::OkStatus();
+  if (!(std::isfinite(config.eps) && config.eps > 0)) {
+    return Invalid("--", prefix, "eps ", config.eps, ": --", prefix, "optimizer ",
+                   std::string(OptimizerName(config.kind)),
+                   " needs a finite eps > 0 (a zero gradient on a zero accumulator would divide "
+                   "0 by 0)");
+  }
+  if (!(std::isfinite(config.initial_accumulator) && config.initial_accumulator >= 0)) {
+    return Invalid("--", prefix, "initial-accumulator ", config.initial_accumulator,
+                   ": must be finite and >= 0");
+  }
+  return absl::OkStatus();
+}
+
+std::string SplitNeedsOneTrainer(int parts, int trainers) {
+  return absl::StrCat(
+      "--oracle-split-parts ", parts,
+      " splits the tables of a single trainer's plans, but the "
+      "job has --trainers ",
+      trainers,
+      " (with several trainers every (trainer, table) is already a task of its own): leave "
+      "--oracle-split-parts at 1");
+}
+
+}  // namespace
+
+int64_t DefaultCacheRows(const Schema& schema, int64_t batch_size, int trainers) {
+  const int64_t local = (batch_size + trainers - 1) / trainers;
+  return std::max<int64_t>(schema.TotalRows() / 5, 4 * local * schema.num_tables());
+}
+
+OptimizerConfig JobConfig::DenseOptimizer() const {
+  OptimizerConfig dense = optimizer;
+  dense.kind = dense_optimizer.value_or(optimizer.kind);
+  if (dense.kind == OptimizerKind::kRowwiseAdagrad) dense.kind = OptimizerKind::kAdagrad;
+  if (dense_lr.has_value()) dense.learning_rate = *dense_lr;
+  if (dense_eps.has_value()) dense.eps = *dense_eps;
+  if (dense_initial_accumulator.has_value()) {
+    dense.initial_accumulator = *dense_initial_accumulator;
+  }
+  return dense;
+}
+
+absl::Status JobConfig::Validate() const {
+  if (batch_size < 1) return Invalid("--batch-size ", batch_size, ": must be >= 1");
+  if (iterations < 0) return Invalid("--iterations ", iterations, ": must be >= 0");
+  if (iterations == 0 && epochs < 1) {
+    return Invalid("--epochs ", epochs, ": must be >= 1 when --iterations is 0");
+  }
+  if (!(eval_fraction >= 0 && eval_fraction < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--eval-fraction %g: must be in [0, 1)", eval_fraction));
+  }
+  if (trainers < 0 || trainers > 64) {
+    return Invalid("--trainers ", trainers, ": must be in [1, 64] (0: the default)");
+  }
+  if (servers < 1) return Invalid("--servers ", servers, ": must be >= 1");
+  if (device == Backend::kCuda && !CudaCompiledIn()) {
+    return Invalid(
+        "--device cuda: this build has no CUDA backend (configure with -DBAGPIPE_CUDA=ON)");
+  }
+  if (peer_timeout <= absl::ZeroDuration()) {
+    return Invalid("--peer-timeout ", absl::FormatDuration(peer_timeout), ": must be > 0");
+  }
+  if (cache_rows < 0 || cache_rows > std::numeric_limits<int32_t>::max()) {
+    return Invalid("--cache-rows ", cache_rows, ": must be in [0, 2^31 - 1] (0: the default)");
+  }
+  if (lookahead < 1) return Invalid("--lookahead ", lookahead, ": must be >= 1");
+  if (prefetch_depth < 1) return Invalid("--prefetch-depth ", prefetch_depth, ": must be >= 1");
+  if (plan_queue_depth < 1) {
+    return Invalid("--plan-queue-depth ", plan_queue_depth, ": must be >= 1");
+  }
+  if (writeback_horizon < 0) {
+    return Invalid("--writeback-horizon ", writeback_horizon, ": must be >= 0 (0: the default)");
+  }
+  if (oracle_split_parts < 1 || oracle_split_parts > 64) {
+    return Invalid("--oracle-split-parts ", oracle_split_parts, ": must be in [1, 64]");
+  }
+  if (oracle_split_min_rows < 0) {
+    return Invalid("--oracle-split-min-rows ", oracle_split_min_rows, ": must be >= 0");
+  }
+  if (oracle_split_parts > 1 && trainers > 1) {
+    return Invalid(SplitNeedsOneTrainer(oracle_split_parts, trainers));
+  }
+  if (oracle_split_parts > 1 && cache == CachePolicy::kDevice) {
+    return Invalid("--oracle-split-parts ", oracle_split_parts,
+                   " has no effect with --cache device (whole tables, nothing is planned): "
+                   "leave it at 1");
+  }
+  if (dim < 1) return Invalid("--dim ", dim, ": must be >= 1");
+  RETURN_IF_ERROR(CheckOptimizer(optimizer, ""));
+  RETURN_IF_ERROR(CheckOptimizer(DenseOptimizer(), "dense-"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_size) const {
+  RETURN_IF_ERROR(Validate());
+  JobLayout layout{servers, trainers > 0 ? trainers : 1};
+  if (world_size > 0) {
+    const int implied = world_size - 1 - servers;
+    if (implied < 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "mpirun started %d ranks but --servers %d leaves no trainer: a job needs 1 + S + T "
+          "ranks (rank 0 the data loader and oracle, ranks 1..S the embedding servers, the "
+          "rest trainers)",
+          world_size, servers));
+    }
+    if (trainers > 0 && trainers != implied) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--trainers %d, but mpirun started %d ranks, which with --servers %d leaves %d "
+          "trainers (rank 0 the oracle, ranks 1..S the servers, the rest trainers): leave "
+          "--trainers out under mpirun or start 1 + %d + %d ranks",
+          trainers, world_size, servers, implied, servers, trainers));
+    }
+    if (server_link.enabled()) {
+      return Invalid("--server-link ", server_link.ToString(),
+                     " emulates the network in the embedded job; under mpirun the servers' "
+                     "messages cross the real one: leave it out");
+    }
+    layout.trainers = implied;
+  }
+  RETURN_IF_ERROR(layout.Validate(world_size));
+  if (oracle_split_parts > 1 && layout.trainers > 1) {
+    return Invalid(SplitNeedsOneTrainer(oracle_split_parts, layout.trainers));
+  }
+  if (schema.num_tables() == 0) return Invalid("the data has no embedding tables");
+  const int64_t rows =
+      cache_rows > 0 ? cache_rows : DefaultCacheRows(schema, batch_size, layout.trainers);
+  if (cache != CachePolicy::kDevice && rows > std::numeric_limits<int32_t>::max()) {
+    return Invalid("the default cache of ", rows,
+                   " rows is too large for 32-bit slots: set --cache-rows");
+  }
+
+  JobOptions options;
+  options.layout = layout;
+  options.backend = device;
+  options.server_link = server_link;
+  options.peer_timeout = peer_timeout;
+  options.collect_parameters = collect_parameters;
+  TrainerOptions& trainer = options.trainer;
+  trainer.dim = dim;
+  trainer.sparse_optimizer = optimizer;
+  trainer.policy = cache;
+  trainer.cache_rows = rows;
+  trainer.prefetch_depth = prefetch_depth;
+  trainer.deterministic = deterministic;
+  trainer.peer_timeout = peer_timeout;
+  trainer.initializer = RowInitializer(seed, dim, StateFloatsPerRow(optimizer.kind, dim),
+                                       optimizer.initial_accumulator, schema.table_rows);
+  PlannerOptions& planner = options.oracle.planner;
+  planner.schema = schema;
+  planner.num_trainers = layout.trainers;
+  planner.capacity = rows;
+  planner.lookahead = cache == CachePolicy::kOracle ? lookahead : 1;
+  planner.policy = cache;
+  planner.writeback_horizon = writeback_horizon;
+  planner.split_parts = oracle_split_parts;
+  planner.split_min_rows = oracle_split_min_rows;
+  options.oracle.max_iterations = iterations > 0 ? iterations : -1;
+  options.oracle.plan_queue_depth = plan_queue_depth;
+  options.oracle.peer_timeout = peer_timeout;
+  RETURN_IF_ERROR(ValidateJobOptions(options));
+  return options;
+}
+
+nlohmann::json JobConfig::ToJson() const {
+  const OptimizerConfig dense = DenseOptimizer();
+  return {{"data", data},
+          {"batch_size", batch_size},
+          {"iterations", iterations},
+          {"epochs", epochs},
+          {"eval_fraction", eval_fraction},
+          {"trainers", trainers},
+          {"servers", servers},
+          {"device", std::string(BackendName(device))},
+          {"server_link", server_link.ToString()},
+          {"peer_timeout", absl::ToDoubleSeconds(peer_timeout)},
+          {"cache", std::string(CachePolicyName(cache))},
+          {"cache_rows", cache_rows},
+          {"lookahead", lookahead},
+          {"prefetch_depth", prefetch_depth},
+          {"plan_queue_depth", plan_queue_depth},
+          {"writeback_horizon", writeback_horizon},
+          {"oracle_split_parts", oracle_split_parts},
+          {"oracle_split_min_rows", oracle_split_min_rows},
+          {"dim", dim},
+          {"optimizer", std::string(OptimizerName(optimizer.kind))},
+          {"lr", optimizer.learning_rate},
+          {"eps", optimizer.eps},
+          {"initial_accumulator", optimizer.initial_accumulator},
+          {"dense_optimizer", std::string(OptimizerName(dense.kind))},
+          {"dense_lr", dense.learning_rate},
+          {"dense_eps", dense.eps},
+          {"dense_initial_accumulator", dense.initial_accumulator},
+          {"seed", seed},
+          {"deterministic", deterministic},
+          {"collect_parameters", collect_parameters}};
+}
+
+absl::Status ValidateJobOptions(const JobOptions& options) {
+  const JobLayout& layout = options.layout;
+  RETURN_IF_ERROR(layout.Validate());
+  const TrainerOptions& trainer = options.trainer;
+  const PlannerOptions& planner = options.oracle.planner;
+  if (planner.num_trainers != layout.trainers) {
+    return Invalid("the oracle plans for ", planner.num_trainers,
+                   " trainer(s) (PlannerOptions::num_trainers) but the job has ", layout.trainers,
+                   " (--trainers): its plans would not match the trainers");
+  }
+  if (planner.policy != trainer.policy) {
+    return Invalid("the oracle plans --cache ", std::string(CachePolicyName(planner.policy)),
+                   " (PlannerOptions::policy) but the trainers run --cache ",
+                   std::string(CachePolicyName(trainer.policy)), " (TrainerOptions::policy)");
+  }
+  if (planner.schema.num_tables() == 0) return Invalid("the schema has no embedding tables");
+  if (trainer.policy != CachePolicy::kDevice) {
+    if (trainer.cache_rows <= 0) {
+      return Invalid("--cache-rows ", trainer.cache_rows, ": the cache needs a positive size");
+    }
+    if (planner.capacity != trainer.cache_rows) {
+      return Invalid("the oracle plans a cache of ", planner.capacity,
+                     " rows (PlannerOptions::capacity) but each trainer's cache holds ",
+                     trainer.cache_rows,
+                     " (TrainerOptions::cache_rows, --cache-rows): they must be the same");
+    }
+  }
+  if (trainer.dim < 1) return Invalid("--dim ", trainer.dim, ": must be >= 1");
+  RETURN_IF_ERROR(ValidateOptimizerConfig(trainer.sparse_optimizer, "--optimizer"));
+  const RowInitializer& init = trainer.initializer;
+  const OptimizerConfig& optimizer = trainer.sparse_optimizer;
+  if (init.dim() != trainer.dim) {
+    return Invalid("rows are initialised with dim ", init.dim(),
+                   " (TrainerOptions::initializer) but the caches hold --dim ", trainer.dim);
+  }
+  const int state = StateFloatsPerRow(optimizer.kind, trainer.dim);
+  if (init.state_floats() != state) {
+    return Invalid("rows are initialised with ", init.state_floats(),
+                   " optimizer-state float(s) (TrainerOptions::initializer) but --optimizer ",
+                   std::string(OptimizerName(optimizer.kind)), " keeps ", state);
+  }
+  if (state > 0 && init.initial_accumulator() != optimizer.initial_accumulator) {
+    return Invalid("rows are initialised with accumulator ", init.initial_accumulator(),
+                   " (TrainerOptions::initializer) but --initial-accumulator is ",
+                   optimizer.initial_accumulator);
+  }
+  if (init.table_offsets() != planner.schema.TableOffsets()) {
+    return Invalid("rows are initialised for ", init.table_offsets().size() - 1, " tables of ",
+                   init.table_offsets().back(),
+                   " rows (TrainerOptions::initializer) but the "
+                   "oracle's schema has ",
+                   planner.schema.num_tables(), " tables of ", planner.schema.TotalRows(), " rows");
+  }
+  if (options.oracle.plan_queue_depth < 1) {
+    return Invalid("--plan-queue-depth ", options.oracle.plan_queue_depth, ": must be >= 1");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream,
+                                    const SourceWrapper& wrap) {
+  if (config.data.empty()) return Invalid("no data source (--data)");
+  ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source, OpenSource(config.data, config.source));
+  JobData data;
+  data.schema = source->schema();
+  const bool dictionary_text =
+      absl::StartsWith(config.data, "csv:") ||
+      (absl::StartsWith(config.data, "criteo:") && config.source.row_budget == 0);
+  if (dictionary_text) {
+    // Dictionary-encoded text: one pass to learn the exact table sizes.
+    if (stream && wrap) source = wrap(std::move(source), "scanning for table sizes");
+    ASSIGN_OR_RETURN(data.schema, ScanSchema(*source));
+  }
+  if (data.schema.num_tables() == 0) {
+    return Invalid("--data ", config.data, ": the dataset has no embedding tables");
+  }
+  if (!stream) {
+    data.description = source->Describe();
+    return data;
+  }
+  if (config.eval_fraction > 0) {
+    ASSIGN_OR_RETURN(const int64_t total, CountSamples(*source));
+    const int64_t eval_samples = static_cast<int64_t>(std::llround(config.eval_fraction * total));
+    if (eval_samples <= 0 || eval_samples >= total) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--eval-fraction %g of %d samples leaves no training or no evaluation data",
+          config.eval_fraction, total));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> tail, OpenSource(config.data, config.source));
+    data.eval =
+        std::make_unique<BatchStream>(SampleRange(std::move(tail), total - eval_samples, -1),
+                                      BatchStream::Options{config.batch_size, 1, false});
+    source = SampleRange(std::move(source), 0, total - eval_samples);
+  }
+  data.train = std::make_unique<BatchStream>(
+      std::move(source),
+      BatchStream::Options{config.batch_size, config.iterations > 0 ? 0 : config.epochs, false});
+  data.description = data.train->source().Describe();
+  return data;
+}
+
+}  // namespace bagpipe
