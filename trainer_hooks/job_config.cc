@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
+#include "trainer_hooks/checkpoint.h"
 
 namespace bagpipe {
 namespace {
@@ -112,6 +114,15 @@ absl::Status JobConfig::Validate() const {
                    "leave it at 1");
   }
   if (dim < 1) return Invalid("--dim ", dim, ": must be >= 1");
+  if (checkpoint_every < 0) {
+    return Invalid("--checkpoint-every ", checkpoint_every, ": must be >= 0");
+  }
+  if (keep_checkpoints < 0) {
+    return Invalid("--keep-checkpoints ", keep_checkpoints, ": must be >= 0 (0: all)");
+  }
+  if (checkpoint_every > 0 && checkpoint_dir.empty() && resume.empty()) {
+    return Invalid("--checkpoint-every ", checkpoint_every, " needs --checkpoint-dir");
+  }
   RETURN_IF_ERROR(CheckOptimizer(optimizer, ""));
   RETURN_IF_ERROR(CheckOptimizer(DenseOptimizer(), "dense-"));
   return absl::OkStatus();
@@ -183,6 +194,28 @@ absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_si
   options.oracle.max_iterations = iterations > 0 ? iterations : -1;
   options.oracle.plan_queue_depth = plan_queue_depth;
   options.oracle.peer_timeout = peer_timeout;
+  CheckpointOptions& checkpoint = options.checkpoint;
+  checkpoint.dir = checkpoint_dir;
+  checkpoint.every = checkpoint_every;
+  checkpoint.keep = keep_checkpoints;
+  checkpoint.resume = resume;
+  if (!resume.empty() && checkpoint.dir.empty()) {
+    // --resume alone goes on writing to the directory it resumes from, every as many iterations
+    // as the checkpoint's job did.
+    namespace fs = std::filesystem;
+    std::error_code error;
+    const bool is_checkpoint = fs::exists(fs::path(resume) / kManifestName, error);
+    checkpoint.dir = is_checkpoint ? fs::path(resume).parent_path().string() : resume;
+    if (checkpoint.dir.empty()) checkpoint.dir = ".";
+    if (checkpoint.every == 0) {
+      // Unreadable here: the job reports why when it resumes.
+      absl::StatusOr<std::string> path = ResolveCheckpoint(resume);
+      if (path.ok()) {
+        absl::StatusOr<CheckpointManifest> manifest = ReadManifest(*path);
+        if (manifest.ok()) checkpoint.every = manifest->every;
+      }
+    }
+  }
   RETURN_IF_ERROR(ValidateJobOptions(options));
   return options;
 }
@@ -218,7 +251,11 @@ nlohmann::json JobConfig::ToJson() const {
           {"dense_initial_accumulator", dense.initial_accumulator},
           {"seed", seed},
           {"deterministic", deterministic},
-          {"collect_parameters", collect_parameters}};
+          {"collect_parameters", collect_parameters},
+          {"checkpoint_dir", checkpoint_dir},
+          {"checkpoint_every", checkpoint_every},
+          {"keep_checkpoints", keep_checkpoints},
+          {"resume", resume}};
 }
 
 absl::Status ValidateJobOptions(const JobOptions& options) {

@@ -85,6 +85,14 @@ struct JobConfig {
   // Gather every parameter at rank 0 after training (fingerprint, dumps).
   bool collect_parameters = true;
 
+  // --- checkpoints (trainer_hooks/checkpoint.h) -------------------------------------------
+  std::string checkpoint_dir;    // "": none
+  int64_t checkpoint_every = 0;  // 0: only at the end and at a stop
+  int keep_checkpoints = 2;      // complete checkpoints kept, the newest (0: all)
+  // DIR (its latest complete checkpoint) or DIR/ckpt-K; implies checkpoint_dir DIR and the
+  // checkpoint's checkpoint_every unless they are set.
+  std::string resume;
+
   // The dense model's optimizer after defaults (see dense_optimizer).
   OptimizerConfig DenseOptimizer() const;
 

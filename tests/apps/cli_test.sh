@@ -98,6 +98,36 @@ expect_error bad_eval_fraction "eval-fraction" train --data "$SYN" --eval-fracti
 expect_error bad_link "server-link|link" train --data "$SYN" --server-link "fast" --quiet
 expect_error compare_missing "summary.json|No such" compare "$WORK/nothing" "$WORK/off"
 
+# --- one validated set of options ------------------------------------------------------------
+expect_error split_with_trainers "--oracle-split-parts 4.*--trainers 2" train --data "$SYN" \
+  --oracle-split-parts 4 --trainers 2 --quiet
+expect_error split_with_device "--oracle-split-parts 2.*--cache device" train --data "$SYN" \
+  --oracle-split-parts 2 --cache device --quiet
+expect_error zero_eps "--eps 0.*adagrad" train --data "$SYN" --optimizer adagrad --eps 0 --quiet
+expect_error negative_dense_lr "--dense-lr -1" train --data "$SYN" --dense-lr -1 --quiet
+expect_error negative_accumulator "--initial-accumulator -2" train --data "$SYN" \
+  --initial-accumulator -2 --quiet
+# --dense-lr 0 means 0 (not "use --lr"): the dense model stays where it started, so the dense
+# optimizer makes no difference; eps and the accumulator reach summary.json.
+for opt in sgd adagrad; do
+  expect_ok "dense_lr0_$opt" train --data "$SYN" --batch-size 512 --iterations 5 --quiet \
+    --dense-optimizer $opt --dense-lr 0 --eps 1e-10 --initial-accumulator 0.1 --deterministic \
+    --out "$WORK/dl0_$opt" --dump-params "$WORK/dl0_$opt"
+done
+expect_ok compare_dense_lr0 compare "$WORK/dl0_sgd" "$WORK/dl0_adagrad"
+if ! grep -q "max |a - b|: dense 0," "$WORK/compare_dense_lr0.out"; then
+  echo "FAIL --dense-lr 0: the dense parameters moved"
+  sed 's/^/    /' "$WORK/compare_dense_lr0.out" | head -5
+  failures=$((failures + 1))
+fi
+for key in dense_lr:0.0 eps:1e-10 initial_accumulator:0.1; do
+  value=$(json_field "$WORK/dl0_adagrad/summary.json" "${key%%:*}" 2>/dev/null)
+  if ! python3 -c "import sys; sys.exit(abs(float('$value') - ${key#*:}) > 1e-6 * abs(${key#*:}) + 1e-12)" 2>/dev/null; then
+    echo "FAIL summary.json: ${key%%:*} is '$value', expected ${key#*:}"
+    failures=$((failures + 1))
+  fi
+done
+
 if [[ $failures -gt 0 ]]; then
   echo "$failures check(s) failed"
   exit 1

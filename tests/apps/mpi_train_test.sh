@@ -54,6 +54,16 @@ else
   echo "ok   wrong world size: $(grep -m1 -i 'error' "$WORK/layout.log")"
 fi
 
+# An explicit --trainers that contradicts the world size is refused, naming both.
+"$MPIEXEC" -np 4 --oversubscribe "$BAGPIPE" train "${COMMON[@]}" --servers 1 --trainers 3 \
+  >"$WORK/trainers.log" 2>&1
+if [[ $? -eq 0 ]] || ! grep -q -- "--trainers 3, but mpirun started 4 ranks" "$WORK/trainers.log"; then
+  echo "FAIL --trainers against the world size: expected an error naming both"
+  cat "$WORK/trainers.log"; failures=$((failures + 1))
+else
+  echo "ok   --trainers 3 under mpirun -np 4 --servers 1: refused"
+fi
+
 # fault KIND SIGNAL VICTIM: start a long job (rank 0 oracle, rank 1 server, ranks 2-3 trainers),
 # send SIGNAL to one rank after training began — VICTIM "last" (the last rank started: a
 # trainer) or "server" (the rank whose OMPI_COMM_WORLD_RANK is 1) — and require the job to end

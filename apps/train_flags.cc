@@ -1,0 +1,172 @@
+#include "apps/train_flags.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace bagpipe {
+
+const char kTrainFooter[] =
+    "Cache modes: oracle (Bagpipe: lookahead planning, prefetch, Belady eviction), lru and lfu\n"
+    "(reactive caches planned the same way, as TorchRec/FBGEMM), off (every row fetched from\n"
+    "the servers every iteration and written back after it), device (whole tables in trainer\n"
+    "memory, no servers on the critical path: the upper bound). All modes compute the same\n"
+    "synchronous training: with --deterministic their parameters are bit-identical.\n"
+    "Launch under mpirun to run distributed: rank 0 = oracle, ranks 1..S = servers, the rest\n"
+    "trainers (--trainers is then implied by the world size).\n";
+
+void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
+  JobConfig& config = flags->config;
+  AddDataFlags(app, &flags->data);
+  app->add_option("--batch-size,-b", config.batch_size, "global batch size (all trainers)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app->add_option("--iterations,-n", config.iterations,
+                  "global batches to train (0: --epochs passes over the data)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--epochs", config.epochs, "passes over the data when --iterations is 0")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app->add_option("--cache", flags->cache, "oracle, lru, lfu, off or device")
+      ->capture_default_str();
+  app->add_option("--cache-rows", config.cache_rows,
+                  "rows each trainer's cache holds (0: a fifth of all rows, at least four "
+                  "local batches)")
+      ->capture_default_str();
+  app->add_option(
+         "--lookahead,-L", config.lookahead,
+         "oracle window in batches (Belady within it; L >= 20 is within ~1% of the offline optimum "
+         "on skewed data, and the first plan waits for L batches to be read)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app->add_option("--oracle-split-parts", config.oracle_split_parts,
+                  "with one trainer, plan each table above --oracle-split-min-rows rows as this "
+                  "many parts, each a task of its own: more of the planner runs in parallel on "
+                  "many cores, for ~10% more work in all (leave at 1 below ~8 cores; see "
+                  "bench/RESULTS.md)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app->add_option("--oracle-split-min-rows", config.oracle_split_min_rows,
+                  "tables above this many rows are split (--oracle-split-parts)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--optimizer", flags->optimizer,
+                  "optimizer of the embedding rows: sgd, adagrad or rowwise-adagrad")
+      ->capture_default_str();
+  app->add_option("--lr", config.optimizer.learning_rate, "learning rate")->capture_default_str();
+  app->add_option("--eps", config.optimizer.eps,
+                  "Adagrad: added to sqrt(accumulator) (torch.optim.Adagrad: 1e-10)")
+      ->capture_default_str();
+  app->add_option("--initial-accumulator", config.optimizer.initial_accumulator,
+                  "Adagrad: the accumulator's initial value (torch: initial_accumulator_value)")
+      ->capture_default_str();
+  app->add_option("--dense-optimizer", flags->dense_optimizer,
+                  "optimizer of the dense MLPs (default: --optimizer; rowwise-adagrad "
+                  "means adagrad)");
+  app->add_option_function<float>(
+      "--dense-lr", [flags](const float& value) { flags->config.dense_lr = value; },
+      "dense learning rate (default: --lr; 0 freezes the dense model)");
+  app->add_option_function<float>(
+      "--dense-eps", [flags](const float& value) { flags->config.dense_eps = value; },
+      "dense Adagrad eps (default: --eps)");
+  app->add_option_function<float>(
+      "--dense-initial-accumulator",
+      [flags](const float& value) { flags->config.dense_initial_accumulator = value; },
+      "dense Adagrad initial accumulator (default: --initial-accumulator)");
+  app->add_option("--seed", config.seed, "parameter initialisation seed")->capture_default_str();
+  app->add_flag("--deterministic", config.deterministic,
+                "bit-identical results run to run and across cache modes (single-threaded BLAS)");
+  app->add_option("--dim", config.dim, "embedding dimension")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app->add_option("--bottom", flags->bottom,
+                  "bottom MLP sizes, input first, last = --dim (default DENSE-64-DIM)");
+  app->add_option("--top", flags->top, "top MLP sizes after the interaction, last = 1")
+      ->capture_default_str();
+  app->add_option("--model", flags->model,
+                  "dlrm (the reference DLRM) or logreg (embedding-only logistic regression over "
+                  "the pooled embeddings: measures the runtime, not the MLPs; CPU)")
+      ->capture_default_str();
+  app->add_option("--trainers,-T", config.trainers,
+                  "trainers (embedded; default 1; under mpirun implied by the world size)")
+      ->check(CLI::Range(1, 64));
+  app->add_option("--servers,-S", config.servers, "embedding servers")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app->add_option("--device", flags->device, "cpu or cuda")->capture_default_str();
+  app->add_option("--server-link", flags->server_link,
+                  "embedded only: emulate this network link to the servers, e.g. "
+                  "\"25Gbit/s,20us\" (none: memory speed)")
+      ->capture_default_str();
+  app->add_option("--eval-fraction", config.eval_fraction,
+                  "hold out this tail fraction of the data; report log loss and AUC on it")
+      ->capture_default_str();
+  app->add_option("--metrics-out", flags->metrics_out, "interval metrics as JSON lines");
+  app->add_option("--metrics-interval", flags->metrics_interval, "iterations per metrics line")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app->add_option("--summary-json", flags->summary_json, "final figures as JSON");
+  app->add_option("--dump-params", flags->dump_params,
+                  "write every parameter to DIR/params.bin (see bagpipe compare)");
+  app->add_option("--out", flags->out,
+                  "run directory: metrics.jsonl and summary.json go there unless named");
+  app->add_option("--prefetch-depth", config.prefetch_depth, "iterations prefetched ahead")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app->add_option("--plan-queue-depth", config.plan_queue_depth, "plans queued per trainer")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app->add_option("--writeback-horizon", config.writeback_horizon,
+                  "iterations a server remembers write-back stamps (0: default)")
+      ->capture_default_str();
+  app->add_option("--peer-timeout", flags->peer_timeout_s,
+                  "seconds without a message before a peer counts as dead")
+      ->capture_default_str();
+  app->add_option("--checkpoint-dir", config.checkpoint_dir,
+                  "write checkpoints (DIR/ckpt-ITERATION) here: every --checkpoint-every "
+                  "iterations, at the end, and on SIGINT/SIGTERM/SIGUSR1");
+  app->add_option("--checkpoint-every", config.checkpoint_every,
+                  "iterations between checkpoints (0: only at the end and on a stop)")
+      ->capture_default_str();
+  app->add_option("--keep-checkpoints", config.keep_checkpoints,
+                  "complete checkpoints kept, the newest (0: all)")
+      ->capture_default_str();
+  app->add_option("--resume", config.resume,
+                  "resume from DIR (its latest complete checkpoint) or DIR/ckpt-K; implies "
+                  "--checkpoint-dir DIR and the checkpoint's --checkpoint-every unless given");
+}
+
+absl::Status FinishTrainFlags(TrainFlags* flags) {
+  JobConfig& config = flags->config;
+  // Outputs: --out DIR sets the defaults of the others.
+  if (!flags->out.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(flags->out, error);
+    if (error) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--out ", flags->out, ": cannot create the directory: ", error.message()));
+    }
+    const std::filesystem::path dir(flags->out);
+    if (flags->metrics_out.empty()) flags->metrics_out = (dir / "metrics.jsonl").string();
+    if (flags->summary_json.empty()) flags->summary_json = (dir / "summary.json").string();
+  }
+  config.data = flags->data.data;
+  config.source = flags->data.options;
+  ASSIGN_OR_RETURN(config.cache, ParseCachePolicy(flags->cache));
+  absl::StatusOr<OptimizerKind> sparse = ParseOptimizerKind(flags->optimizer);
+  if (!sparse.ok()) return Annotate(sparse.status(), "--optimizer");
+  config.optimizer.kind = *sparse;
+  if (!flags->dense_optimizer.empty()) {
+    absl::StatusOr<OptimizerKind> dense = ParseOptimizerKind(flags->dense_optimizer);
+    if (!dense.ok()) return Annotate(dense.status(), "--dense-optimizer");
+    config.dense_optimizer = *dense;
+  }
+  ASSIGN_OR_RETURN(config.device, ParseBackend(flags->device));
+  ASSIGN_OR_RETURN(config.server_link, LinkModel::Parse(flags->server_link));
+  config.peer_timeout = absl::Seconds(flags->peer_timeout_s);
+  return config.Validate();
+}
+
+}  // namespace bagpipe

@@ -1,0 +1,172 @@
+#include "model/run_report.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "core/metrics.h"
+#include "core/status.h"
+#include "model/eval_metrics.h"
+#include "trainer_hooks/job.h"
+
+namespace bagpipe {
+
+absl::StatusOr<std::unique_ptr<RunRecorder>> RunRecorder::Create(const JobConfig& config,
+                                                                 const JobOptions& options,
+                                                                 nlohmann::json model,
+                                                                 RunOutputs outputs) {
+  std::unique_ptr<RunRecorder> recorder(new RunRecorder());
+  recorder->config_ = config;
+  recorder->options_ = options;
+  recorder->model_ = std::move(model);
+  recorder->outputs_ = std::move(outputs);
+  const std::string& dir = recorder->outputs_.dump_params;
+  if (!dir.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(dir, error);
+    if (error) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--dump-params ", dir, ": cannot create: ", error.message()));
+    }
+  }
+  const OptimizerKind kind = options.trainer.sparse_optimizer.kind;
+  nlohmann::json header = {{"dim", options.trainer.dim},
+                           {"optimizer", std::string(OptimizerName(kind))},
+                           {"schema", options.oracle.planner.schema.ToJson()}};
+  for (const auto& [key, value] : recorder->model_.items()) {
+    if (key != "model") header[key] = value;
+  }
+  ASSIGN_OR_RETURN(recorder->writer_, ParamWriter::Create(dir, std::move(header),
+                                                          RecordFloats(kind, options.trainer.dim)));
+  return recorder;
+}
+
+ParamSink RunRecorder::sink() {
+  ParamSink sink;
+  sink.dense = [this](const std::vector<float>& dense) { return writer_->AddDense(dense); };
+  sink.row = [this](RowId row, const float* record) { return writer_->AddRow(row, record); };
+  return sink;
+}
+
+absl::StatusOr<nlohmann::json> RunRecorder::Finish(const JobResult& result, const std::string& data,
+                                                   bool mpirun) {
+  ASSIGN_OR_RETURN(const std::string sha, writer_->Finish());
+  const JobLayout& layout = options_.layout;
+  std::vector<float> predictions, labels;
+  TrainerStats total;
+  for (const TrainerOutcome& outcome : result.trainers) {
+    predictions.insert(predictions.end(), outcome.eval_predictions.begin(),
+                       outcome.eval_predictions.end());
+    labels.insert(labels.end(), outcome.eval_labels.begin(), outcome.eval_labels.end());
+    total.unique_rows += outcome.stats.unique_rows;
+    total.hits += outcome.stats.hits;
+    total.fills += outcome.stats.fills;
+    total.evictions += outcome.stats.evictions;
+    total.write_backs += outcome.stats.write_backs;
+    total.fetched_bytes += outcome.stats.fetched_bytes;
+    total.written_back_bytes += outcome.stats.written_back_bytes;
+    total.exchanged_bytes += outcome.stats.exchanged_bytes;
+    total.exchanged_rows += outcome.stats.exchanged_rows;
+    total.shared_rows += outcome.stats.shared_rows;
+    total.sync_seconds += outcome.stats.sync_seconds;
+  }
+  if (predictions.size() != labels.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the trainers returned ", predictions.size(),
+                                                   " held-out predictions for ", labels.size(),
+                                                   " labels"));
+  }
+  // Without the private-row optimisation every trainer would send the gradient of every row it
+  // touched to every other trainer (as a dense all-to-all of touched rows does).
+  const double all_rows_exchange_bytes = static_cast<double>(total.unique_rows) *
+                                         options_.trainer.dim * sizeof(float) *
+                                         (layout.trainers - 1);
+  const nlohmann::json info =
+      result.trainers.empty() ? nlohmann::json::object() : result.trainers.at(0).info;
+  const int64_t iterations = info.value("iterations", int64_t{0});
+  int64_t samples = 0;
+  for (const TrainerOutcome& outcome : result.trainers) {
+    samples += outcome.info.value("samples", int64_t{0});
+  }
+  const double train_seconds = info.value("seconds", 0.0);
+  const OptimizerConfig& sparse = config_.optimizer;
+  const OptimizerConfig dense = config_.DenseOptimizer();
+  nlohmann::json summary = {
+      {"data", data},
+      {"cache", std::string(CachePolicyName(config_.cache))},
+      {"cache_rows", options_.trainer.cache_rows},
+      {"lookahead", options_.oracle.planner.lookahead},
+      {"oracle_split_parts", config_.oracle_split_parts},
+      {"trainers", layout.trainers},
+      {"servers", layout.servers},
+      {"device", std::string(BackendName(config_.device))},
+      {"mode", mpirun ? "mpirun" : "embedded"},
+      {"server_link", config_.server_link.ToString()},
+      {"batch_size", config_.batch_size},
+      {"optimizer", std::string(OptimizerName(sparse.kind))},
+      {"lr", sparse.learning_rate},
+      {"eps", sparse.eps},
+      {"initial_accumulator", sparse.initial_accumulator},
+      {"dense_optimizer", std::string(OptimizerName(dense.kind))},
+      {"dense_lr", dense.learning_rate},
+      {"dense_eps", dense.eps},
+      {"dense_initial_accumulator", dense.initial_accumulator},
+      {"seed", config_.seed},
+      {"deterministic", config_.deterministic},
+      {"dim", options_.trainer.dim},
+      {"iterations", iterations},
+      {"samples", samples},
+      {"train_seconds", train_seconds},
+      {"job_seconds", result.seconds},
+      {"samples_per_s", train_seconds > 0 ? samples / train_seconds : 0.0},
+      {"ms_per_iteration", iterations > 0 ? 1e3 * train_seconds / iterations : 0.0},
+      {"train_loss", info.value("train_loss", 0.0)},
+      {"hit_rate", total.hit_rate()},
+      {"fills", total.fills},
+      {"evictions", total.evictions},
+      {"write_backs", total.write_backs},
+      {"fetched_bytes", total.fetched_bytes},
+      {"written_back_bytes", total.written_back_bytes},
+      {"exchanged_bytes", total.exchanged_bytes},
+      {"exchanged_rows", total.exchanged_rows},
+      {"exchanged_bytes_without_private_rows", all_rows_exchange_bytes},
+      {"unique_rows", total.unique_rows},
+      {"shared_row_updates", total.shared_rows},
+      {"sync_ms_per_iteration_mean_over_trainers",
+       iterations > 0 ? 1e3 * total.sync_seconds / iterations / layout.trainers : 0.0},
+      {"time_ms", info.value("time_ms", nlohmann::json::object())},
+      {"oracle", result.oracle.ToJson()},
+      {"parameter_rows", result.parameter_rows},
+      {"params_sha256", sha},
+      {"first_iteration", result.oracle.checkpoint.first_iteration},
+      {"checkpoint", result.oracle.checkpoint.ToJson()},
+  };
+  for (const auto& [key, value] : model_.items()) summary[key] = value;
+  summary["config"] = config_.ToJson();
+  // Per rank: every trainer's own counters and phase times, and every server's.
+  nlohmann::json per_trainer = nlohmann::json::array();
+  for (size_t t = 0; t < result.trainers.size(); ++t) {
+    nlohmann::json entry = result.trainers[t].stats.ToJson();
+    entry["trainer"] = t;
+    entry["rank"] = layout.trainer_rank(static_cast<int>(t));
+    entry["time_ms"] = result.trainers[t].info.value("time_ms", nlohmann::json::object());
+    per_trainer.push_back(std::move(entry));
+  }
+  summary["per_trainer"] = std::move(per_trainer);
+  nlohmann::json per_server = nlohmann::json::array();
+  for (size_t s = 0; s < result.servers.size(); ++s) {
+    nlohmann::json entry = ServerStatsJson(result.servers[s]);
+    entry["server"] = s;
+    entry["rank"] = layout.server_rank(static_cast<int>(s));
+    per_server.push_back(std::move(entry));
+  }
+  summary["per_server"] = std::move(per_server);
+  if (!outputs_.dump_params.empty()) {
+    summary["params"] = (std::filesystem::path(outputs_.dump_params) / "params.bin").string();
+  }
+  if (!predictions.empty()) summary["eval"] = Evaluate(predictions, labels).ToJson();
+  if (!outputs_.summary_json.empty()) {
+    RETURN_IF_ERROR(WriteJsonFile(outputs_.summary_json, summary));
+  }
+  return summary;
+}
+
+}  // namespace bagpipe
