@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""A DLRM written in plain torch.nn, trained through Bagpipe.
+
+The model is the usual one (facebookresearch/dlrm): bottom MLP over the dense features, one
+embedding bag per table, pairwise dot interaction, top MLP, BCEWithLogitsLoss. The only change
+from a pure-PyTorch DLRM is its list of nn.EmbeddingBag tables, swapped for
+bagpipe.EmbeddingBags(trainer): the tables live on the embedding servers and in each trainer's
+cache, planned by the oracle. The flags are `bagpipe train`'s (same names, defaults and checks;
+--help lists them), and so are the outputs (summary.json, metrics.jsonl, params.bin), so
+`bagpipe compare` compares runs of either kind:
+
+    export PYTHONPATH=build/python
+    for mode in oracle off; do
+      python3 examples/dlrm_pytorch.py --data "synthetic:samples=200000,tables=8" \\
+        --batch-size 1024 --iterations 100 --cache $mode --deterministic \\
+        --out runs/torch_$mode --dump-params runs/torch_$mode
+    done
+    build/bagpipe compare runs/torch_off runs/torch_oracle    # parameters bit-identical: yes
+
+With --trainers T the job runs T trainers as threads of this process (one Python thread each).
+Under mpirun every rank runs this script: rank 0 reads the data and plans, ranks 1..S serve the
+tables, the others train (`mpirun -np 4 python3 examples/dlrm_pytorch.py --servers 1 ...`).
+--model logreg swaps the DLRM for an embedding-only logistic regression (the runtime's own
+cost, as `bagpipe train --model logreg`).
+"""
+
+import sys
+import time
+
+import torch
+
+import bagpipe
+
+
+def _init_linear(layer, generator):
+    # DLRM's initialisation, drawn from a seeded generator so that every trainer's replica (and
+    # every run) starts from the same dense parameters.
+    fan_out, fan_in = layer.weight.shape
+    with torch.no_grad():
+        layer.weight.normal_(0.0, (2.0 / (fan_in + fan_out)) ** 0.5, generator=generator)
+        layer.bias.normal_(0.0, (1.0 / fan_out) ** 0.5, generator=generator)
+
+
+def mlp(sizes, relu_last, generator):
+    layers = []
+    for i in range(len(sizes) - 1):
+        linear = torch.nn.Linear(sizes[i], sizes[i + 1])
+        _init_linear(linear, generator)
+        layers.append(linear)
+        if relu_last or i < len(sizes) - 2:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+class DLRM(torch.nn.Module):
+    """forward(dense [n, D], sparse) -> logits [n]. `embeddings(sparse)` returns the pooled
+    embeddings [n, tables, dim]: bagpipe.EmbeddingBags(trainer) (sparse = the bagpipe Batch)
+    or TorchEmbeddingBags (sparse = per-table ids and offsets)."""
+
+    def __init__(self, num_tables, dim, bottom, top, embeddings, seed):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.bottom = mlp(bottom, relu_last=True, generator=generator)
+        interactions = (num_tables + 1) * num_tables // 2
+        self.top = mlp([dim + interactions] + top, relu_last=False, generator=generator)
+        self.embeddings = embeddings
+        rows, cols = torch.tril_indices(num_tables + 1, num_tables + 1, offset=-1)
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", cols, persistent=False)
+
+    def forward(self, dense, sparse):
+        x = self.bottom(dense)                                   # [n, dim]
+        pooled = self.embeddings(sparse)                         # [n, tables, dim]
+        vectors = torch.cat([x.unsqueeze(1), pooled], dim=1)     # [n, tables + 1, dim]
+        dots = torch.bmm(vectors, vectors.transpose(1, 2))
+        z = torch.cat([x, dots[:, self.rows, self.cols]], dim=1)  # pairs (i, j), i > j
+        return self.top(z).squeeze(1)
+
+
+class LogReg(torch.nn.Module):
+    """Embedding-only logistic regression over the pooled embeddings (the dense features are
+    ignored), as `bagpipe train --model logreg`: logit = b + sum_{t,c} w[t, c] pooled[t, c]."""
+
+    def __init__(self, num_tables, dim, embeddings, seed):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.linear = torch.nn.Linear(num_tables * dim, 1)
+        with torch.no_grad():
+            self.linear.weight.uniform_(-0.05, 0.05, generator=generator)
+            self.linear.bias.zero_()
+        self.embeddings = embeddings
+
+    def forward(self, dense, sparse):
+        pooled = self.embeddings(sparse)
+        return self.linear(pooled.reshape(pooled.shape[0], -1)).squeeze(1)
+
+
+class TorchEmbeddingBags(torch.nn.Module):
+    """The pure-PyTorch tables the DLRM would have without Bagpipe: one nn.EmbeddingBag per
+    table; forward((ids, offsets)) with per-table lists of ids and bag starts."""
+
+    def __init__(self, weights):
+        super().__init__()
+        self.bags = torch.nn.ModuleList(
+            torch.nn.EmbeddingBag.from_pretrained(w.clone(), freeze=False, mode="sum")
+            for w in weights)
+
+    def forward(self, sparse):
+        ids, offsets = sparse
+        return torch.stack([bag(i, o) for bag, i, o in zip(self.bags, ids, offsets)], dim=1)
+
+
+def make_optimizer(parameters, settings):
+    """The dense optimizer from Config.dense_optimizer_config()."""
+    if settings["optimizer"] == "sgd":
+        return torch.optim.SGD(parameters, lr=settings["lr"])
+    return torch.optim.Adagrad(parameters, lr=settings["lr"], eps=settings["eps"],
+                               initial_accumulator_value=settings["initial_accumulator"])
+
+
+def layers(text):
+    return [int(size) for size in text.split("-")]
+
+
+def build_model(flags, trainer_or_embeddings, num_tables, num_dense, dim, seed):
+    embeddings = trainer_or_embeddings
+    if isinstance(trainer_or_embeddings, bagpipe.Trainer):
+        embeddings = bagpipe.EmbeddingBags(trainer_or_embeddings)
+    if flags["model"] == "logreg":
+        return LogReg(num_tables, dim, embeddings, seed)
+    if flags["model"] != "dlrm":
+        raise bagpipe.ConfigError(f"--model '{flags['model']}': expected dlrm or logreg")
+    bottom = layers(flags["bottom"]) if flags["bottom"] else [num_dense, 64, dim]
+    top = layers(flags["top"])
+    if bottom[0] != num_dense or bottom[-1] != dim:
+        raise bagpipe.ConfigError(f"--bottom {flags['bottom']}: the first size must be the "
+                                  f"{num_dense} dense features and the last --dim {dim}")
+    if top[-1] != 1:
+        raise bagpipe.ConfigError(f"--top {flags['top']}: the last size must be 1")
+    return DLRM(num_tables, dim, bottom, top, embeddings, seed)
+
+
+# The runtime's phases in TrainerStats (seconds, cumulative) and the C++ loop's time_ms names.
+PHASES = ("wait", "boundary", "lookup", "reduce", "sync", "apply", "allreduce")
+
+
+def train(trainer, config, flags, metrics):
+    """One trainer's whole loop: training, flush, held-out evaluation, outcome."""
+    model = build_model(flags, trainer, trainer.num_tables, trainer.num_dense, config.dim,
+                        config.seed)
+    optimizer = make_optimizer(model.parameters(), config.dense_optimizer_config())
+    leader = trainer.id == 0
+    interval = flags["metrics_interval"]
+    start_stats = trainer.stats()
+    interval_stats = start_stats
+    forward_backward = optimizer_seconds = 0.0
+    interval_fb = interval_opt = 0.0
+    loss_sum, samples, iterations, interval_samples, interval_iterations = 0.0, 0, 0, 0, 0
+    last_loss, global_samples = 0.0, 0
+    start = interval_start = time.perf_counter()
+
+    def runtime_seconds(stats_now, stats_then, phases):
+        return sum(stats_now[f"{p}_seconds"] - stats_then[f"{p}_seconds"] for p in phases)
+
+    def time_ms(stats_now, stats_then, fb, opt, count):
+        # forward_backward: PyTorch's part (the lookup and end_iteration inside it are the
+        # runtime's and are counted under their own names).
+        inside = runtime_seconds(stats_now, stats_then, ("lookup", "reduce", "sync", "apply"))
+        k = 1e3 / count if count else 0.0
+        out = {p: k * (stats_now[f"{p}_seconds"] - stats_then[f"{p}_seconds"]) for p in PHASES}
+        out["forward_backward"] = k * max(fb - inside, 0.0)
+        out["optimizer"] = k * opt
+        return out
+
+    def report(final):
+        nonlocal interval_stats, interval_fb, interval_opt, loss_sum, interval_samples
+        nonlocal interval_iterations, interval_start, last_loss, global_samples
+        stats = trainer.stats()
+        sums = torch.tensor([loss_sum, interval_samples,
+                             stats["unique_rows"] - interval_stats["unique_rows"],
+                             stats["hits"] - interval_stats["hits"]], dtype=torch.float32)
+        trainer.all_reduce_(sums)
+        seconds = time.perf_counter() - interval_start
+        last_loss = float(sums[0] / sums[1]) if sums[1] > 0 else 0.0
+        global_samples += int(sums[1])
+        if leader:
+            hit_rate = float(sums[3] / sums[2]) if sums[2] > 0 else 0.0
+            record = {"kind": "train", "iteration": iterations, "samples": global_samples,
+                      "loss": last_loss, "samples_per_s": float(sums[1]) / seconds,
+                      "hit_rate": hit_rate, "seconds": time.perf_counter() - start,
+                      "time_ms": time_ms(stats, interval_stats, interval_fb, interval_opt,
+                                         interval_iterations),
+                      "final": final}
+            if metrics is not None:
+                metrics.write(record)
+            if not flags["quiet"]:
+                print(f"iteration {iterations}: loss {last_loss:.4f}, "
+                      f"{record['samples_per_s']:.0f} samples/s, hit {100 * hit_rate:.1f}%",
+                      file=sys.stderr)
+        interval_stats = stats
+        interval_fb = interval_opt = loss_sum = 0.0
+        interval_samples = interval_iterations = 0
+        interval_start = time.perf_counter()
+
+    for batch in trainer:
+        t0 = time.perf_counter()
+        logits = model(batch.dense, batch)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(
+            logits, batch.labels, reduction="sum") / batch.global_batch_size
+        optimizer.zero_grad()
+        loss.backward()  # ends the iteration in the runtime (EmbeddingBags' backward)
+        t1 = time.perf_counter()
+        trainer.all_reduce_gradients(model.parameters())
+        t2 = time.perf_counter()
+        optimizer.step()
+        t3 = time.perf_counter()
+        forward_backward += t1 - t0
+        interval_fb += t1 - t0
+        optimizer_seconds += t3 - t2
+        interval_opt += t3 - t2
+        loss_sum += float(loss) * batch.global_batch_size
+        samples += batch.num_samples
+        interval_samples += batch.num_samples
+        iterations += 1
+        interval_iterations += 1
+        if interval > 0 and iterations % interval == 0:
+            report(False)
+    if interval_iterations > 0 or iterations == 0:
+        report(True)
+    seconds = time.perf_counter() - start
+    stats = trainer.stats()
+    trainer.flush()
+
+    predictions, labels = [], []
+    model.eval()
+    with torch.no_grad():
+        for batch in trainer.eval_batches():
+            predictions.append(torch.sigmoid(model(batch.dense, batch)))
+            labels.append(batch.labels)
+    info = {"train_loss": last_loss, "iterations": iterations, "samples": samples,
+            "seconds": seconds,
+            "time_ms": time_ms(stats, start_stats, forward_backward, optimizer_seconds,
+                               iterations)}
+    trainer.complete(dense=list(model.parameters()),
+                     predictions=torch.cat(predictions) if predictions else None,
+                     labels=torch.cat(labels) if labels else None, info=info)
+    return info
+
+
+def main(argv=None):
+    config, flags = bagpipe.parse_train_args(
+        argv, prog="dlrm_pytorch.py",
+        description="Train a torch.nn DLRM through the Bagpipe runtime (bagpipe train's flags)")
+    if config.deterministic:
+        torch.set_num_threads(1)  # fixed reduction orders, as bagpipe train's single-thread BLAS
+    with bagpipe.Job(config) as job:
+        metrics = None
+        if flags["metrics_out"] and any(t.id == 0 for t in job.trainers):
+            metrics = bagpipe.MetricsWriter(flags["metrics_out"])
+        job.run_trainers(train, config, flags, metrics)
+        model = {"model": f"pytorch-{flags['model']}", "framework": f"torch {torch.__version__}"}
+        if flags["model"] == "dlrm":
+            model["bottom"] = flags["bottom"] or f"{job.schema.num_dense}-64-{config.dim}"
+            model["top"] = flags["top"]
+        summary = job.finish(summary_json=flags["summary_json"] or None,
+                             dump_params=flags["dump_params"] or None, model=model)
+    if summary is not None:
+        print(f"{summary['cache']}: {summary['iterations']} iterations in "
+              f"{summary['train_seconds']:.2f} s, {summary['samples_per_s']:.0f} samples/s, "
+              f"{summary['ms_per_iteration']:.2f} ms/iteration")
+        print(f"  train loss {summary['train_loss']:.5f}, hit rate "
+              f"{100 * summary['hit_rate']:.1f}%, fetched {summary['fetched_bytes'] / 1e6:.1f} MB")
+        if "eval" in summary:
+            print(f"  held-out ({summary['eval']['samples']} samples): log loss "
+                  f"{summary['eval']['log_loss']:.5f}, AUC {summary['eval']['auc']:.4f}")
+        print(f"  parameters sha256 {summary['params_sha256']}")
+    return summary
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except bagpipe.Error as error:
+        print(f"dlrm_pytorch.py: error: {error}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("dlrm_pytorch.py: interrupted", file=sys.stderr)
+        sys.exit(130)

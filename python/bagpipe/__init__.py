@@ -1,0 +1,63 @@
+"""Bagpipe for PyTorch: train a DLRM written in ``torch.nn`` through the Bagpipe runtime.
+
+The embedding tables live on embedding servers; a lookahead oracle plans which rows each
+trainer's cache holds; the results are those of plain synchronous training (bit for bit with
+``deterministic=True``). A PyTorch model swaps its list of ``nn.EmbeddingBag`` tables for
+:class:`EmbeddingBags` and drives its loop itself (pull style: nothing runs on threads the library
+owns except the oracle, the servers and the prefetchers)::
+
+    import bagpipe, torch
+    config = bagpipe.Config(data="synthetic:samples=100000,tables=8", batch_size=1024,
+                            cache="oracle", dim=16, optimizer="adagrad", lr=0.01, eps=1e-10)
+    with bagpipe.Job(config) as job:                  # starts the oracle and the servers
+        def train(trainer):                           # one thread per local trainer
+            model = MyDLRM(embeddings=bagpipe.EmbeddingBags(trainer))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for batch in trainer:                     # begin_iteration() until the end
+                logits = model(batch.dense, batch)
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                    logits, batch.labels, reduction="sum") / batch.global_batch_size
+                opt.zero_grad()
+                loss.backward()                       # d(loss)/d(pooled) goes to the runtime
+                trainer.all_reduce_gradients(model.parameters())
+                opt.step()
+            trainer.flush()
+            trainer.complete(dense=list(model.parameters()))
+        job.run_trainers(train)
+        summary = job.finish(out="runs/torch")
+
+Loss scaling: gradients handed back must be those of (the sum of this trainer's per-sample
+losses) / ``batch.global_batch_size`` — the global mean once summed over trainers.
+
+Device contract (the same as the C++ hooks', trainer_hooks/trainer.h):
+  * A trainer queues its device work on its own compute stream. The batch's tensors and the
+    pooled embeddings are ready in stream order; with CUDA the trainer makes PyTorch's current
+    stream (registered at every ``begin_iteration``) wait for them with an event, so ordinary
+    PyTorch code after the call sees them ready.
+  * The runtime reads ``pooled_grad`` (``end_iteration``) and the ``all_reduce_`` tensor
+    asynchronously, in stream order. The caller keeps them alive and unmodified until the next
+    ``begin_iteration`` or ``flush`` returns; this package holds a reference to each until then,
+    so a tensor the caller drops is not freed early. With CUDA the compute stream first waits for
+    the work queued on PyTorch's stream, and PyTorch's stream then waits for the runtime's reads,
+    so the caching allocator cannot hand the memory out again before the runtime is done with it.
+  * On the CPU these orderings are no-ops: every call has finished its work when it returns.
+
+Errors: :class:`ConfigError` (options), :class:`UsageError` (calls out of order), :class:`JobError`
+(the job failed here, on another thread or on another rank, or was aborted), TypeError/ValueError
+(a tensor of the wrong dtype, shape, device or layout), KeyboardInterrupt (Ctrl-C: the job is
+aborted, every thread and rank stops).
+
+Tested with Debian's python3-torch 1.13 (CPU). Tensors cross through DLPack; libtorch is not
+linked, so one build serves any PyTorch with DLPack support.
+"""
+
+from bagpipe.errors import ConfigError, Error, JobError, UsageError
+from bagpipe.job import (Batch, Config, Job, MetricsWriter, Schema, Trainer,
+                         initial_embedding_weights, parse_train_args)
+from bagpipe.nn import EmbeddingBags
+
+__all__ = [
+    "Batch", "Config", "ConfigError", "EmbeddingBags", "Error", "Job", "JobError",
+    "MetricsWriter", "Schema", "Trainer", "UsageError", "initial_embedding_weights",
+    "parse_train_args",
+]

@@ -1,0 +1,428 @@
+"""Jobs and trainers: the pull-style API a PyTorch training loop drives (see the package doc)."""
+
+import atexit
+import json
+import os
+import signal
+import socket
+import threading
+import weakref
+
+import numpy as np
+import torch
+
+from bagpipe import _core
+from bagpipe import data as _data
+from bagpipe.errors import ConfigError, JobError, UsageError
+
+Schema = _core.Schema
+
+
+def parse_train_args(args=None, prog="dlrm_pytorch.py", description=""):
+    """Parses ``bagpipe train``'s flags (same names, defaults, checks and --help).
+
+    Returns ``(Config, other)`` where ``other`` holds the flags that are not job options:
+    model, bottom, top, out, metrics_out, metrics_interval, summary_json, dump_params, quiet.
+    --help prints the help and exits; a malformed flag exits with status 2; options that
+    contradict each other raise ConfigError.
+    """
+    import sys
+    if args is None:
+        args = sys.argv[1:]
+    config, other = _core.parse_train_args([str(a) for a in args], prog, description)
+    return config, dict(other)
+
+
+class Config(_core.Config):
+    """Every option of a job: ``bagpipe train``'s flags with ``_`` for ``-`` (``--cache-rows``
+    is ``cache_rows``; the CSV column spec ``--schema`` is ``schema``). Unset options keep the
+    command's defaults. ``dense_optimizer``, ``dense_lr``, ``dense_eps`` and
+    ``dense_initial_accumulator`` are None unless set (then the embedding optimizer's apply).
+    Checked as a whole when a Job starts (ConfigError names the options)."""
+
+    def __init__(self, **options):
+        super().__init__()
+        for name, value in options.items():
+            if name.startswith("_") or not isinstance(getattr(_core.Config, name, None), property):
+                raise TypeError(f"Config: unknown option {name!r}")
+            setattr(self, name, value)
+
+    def __repr__(self):
+        return f"bagpipe.Config({self.to_json()})"
+
+
+class MetricsWriter:
+    """Writes dicts as JSON lines (metrics.jsonl, read by ``bagpipe compare``)."""
+
+    def __init__(self, path):
+        self._writer = _core.MetricsWriter(str(path))
+
+    def write(self, record):
+        self._writer.write_json(json.dumps(record))
+
+
+def initial_embedding_weights(config, schema):
+    """The tables' initial rows as the embedding servers create them: a list of float32
+    tensors [rows, dim], one per table (to start a pure-PyTorch model from the same point)."""
+    rows = list(schema.table_rows)
+    return [torch.from_numpy(_core.initial_rows(config.seed, config.dim, rows, t))
+            for t in range(len(rows))]
+
+
+class Batch:
+    """One iteration's local batch: ``dense`` [n, num_dense] and ``labels`` [n] (float32 tensors
+    on the trainer's device, owned by the caller), ``num_samples`` (n, this trainer's share),
+    ``global_batch_size`` (all trainers' samples), ``iteration``. The sparse features stay in
+    the runtime: :class:`EmbeddingBags` (or ``trainer.lookup_pooled()``) turns them into pooled
+    embeddings."""
+
+    __slots__ = ("trainer", "iteration", "num_samples", "global_batch_size", "dense", "labels",
+                 "is_eval")
+
+    def __init__(self, trainer, iteration, num_samples, global_batch_size, dense, labels,
+                 is_eval):
+        self.trainer = trainer
+        self.iteration = iteration
+        self.num_samples = num_samples
+        self.global_batch_size = global_batch_size
+        self.dense = dense
+        self.labels = labels
+        self.is_eval = is_eval
+
+    def __repr__(self):
+        kind = "eval batch" if self.is_eval else "iteration"
+        return (f"bagpipe.Batch({kind} {self.iteration}, {self.num_samples} of "
+                f"{self.global_batch_size} samples, trainer {self.trainer.id})")
+
+
+class Trainer:
+    """One trainer of the job, driven by one thread (its calls raise UsageError when another
+    thread is inside one). Iterating over it runs ``begin_iteration`` until training ends.
+
+    Per iteration: ``begin_iteration()`` -> Batch; ``lookup_pooled()`` (or EmbeddingBags) ->
+    pooled embeddings [n, tables, dim]; forward/backward; ``end_iteration(pooled_grad)`` (done
+    by EmbeddingBags' backward); ``all_reduce_gradients(params)`` / ``all_reduce_(tensor)`` for
+    the dense gradients, every trainer in the same order. After the last: ``flush()``, then
+    optionally ``eval_batches()``, then ``complete(...)``. See the package doc for the device
+    contract."""
+
+    def __init__(self, core, num_tables, num_dense, dim):
+        self._core = core
+        self.id = core.id
+        self.num_trainers = core.num_trainers
+        self.device = torch.device(core.device)
+        self.num_tables = num_tables
+        self.num_dense = num_dense
+        self.dim = dim
+        self._cuda = self.device.type == "cuda"
+        self._batch = None
+
+    def __repr__(self):
+        return f"bagpipe.Trainer({self.id} of {self.num_trainers}, {self.device})"
+
+    def _register_stream(self):
+        if self._cuda:
+            self._core.set_external_stream(torch.cuda.current_stream(self.device).cuda_stream)
+
+    def _make_batch(self, info, is_eval):
+        iteration, n, global_size = info
+        dense = torch.empty((n, self.num_dense), dtype=torch.float32, device=self.device)
+        labels = torch.empty((n,), dtype=torch.float32, device=self.device)
+        self._core.fill_batch(dense, labels)
+        self._batch = Batch(self, iteration, n, global_size, dense, labels, is_eval)
+        return self._batch
+
+    def begin_iteration(self):
+        """Waits for the next iteration's plan and rows; returns its Batch, or None when
+        training has ended (then call flush())."""
+        self._register_stream()
+        info = self._core.begin_iteration()
+        if info is None:
+            self._batch = None
+            return None
+        return self._make_batch(info, False)
+
+    def __iter__(self):
+        while True:
+            batch = self.begin_iteration()
+            if batch is None:
+                return
+            yield batch
+
+    def lookup_pooled(self):
+        """The current batch's pooled (sum) embeddings, a new float32 tensor [n, tables, dim]."""
+        batch = self._batch
+        if batch is None:
+            raise UsageError("lookup_pooled: outside an iteration (call begin_iteration first)")
+        out = torch.empty((batch.num_samples, self.num_tables, self.dim), dtype=torch.float32,
+                          device=self.device)
+        self._core.lookup_pooled_into(out)
+        return out
+
+    def end_iteration(self, pooled_grad):
+        """Ends the iteration with d(loss)/d(pooled): a contiguous float32 tensor [n, tables,
+        dim] on the trainer's device. Reduces it to row gradients, exchanges those of shared rows
+        with the other trainers and applies the embedding optimizer."""
+        if isinstance(pooled_grad, torch.Tensor):
+            pooled_grad = pooled_grad.detach()
+        self._core.end_iteration(pooled_grad)
+
+    def all_reduce_(self, tensor):
+        """Sums a contiguous float32 tensor over all trainers, in place; returns it. Every
+        trainer calls it with the same size, in the same order (deterministic)."""
+        self._core.all_reduce_(tensor.detach() if isinstance(tensor, torch.Tensor) else tensor)
+        return tensor
+
+    def all_reduce_gradients(self, parameters):
+        """Sums the ``.grad`` of ``parameters`` over all trainers in place, with one all-reduce
+        (a missing gradient counts as zeros). Nothing to do with one trainer."""
+        parameters = [p for p in parameters if p.requires_grad]
+        if self.num_trainers == 1 or not parameters:
+            return
+        grads = []
+        for p in parameters:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        flat = torch.cat([g.reshape(-1) for g in grads]).to(torch.float32)
+        self.all_reduce_(flat)
+        offset = 0
+        for g in grads:
+            count = g.numel()
+            g.copy_(flat[offset:offset + count].view_as(g))
+            offset += count
+
+    def flush(self):
+        """After the last iteration: writes every cached row back to the servers."""
+        self._core.flush()
+        self._batch = None
+
+    def eval_batches(self):
+        """After flush(): the held-out batches (config.eval_fraction or eval_data), each a
+        Batch whose pooled embeddings come from the trained rows."""
+        while True:
+            self._register_stream()
+            info = self._core.begin_eval_batch()
+            if info is None:
+                self._batch = None
+                return
+            yield self._make_batch(info, True)
+
+    def complete(self, dense=None, predictions=None, labels=None, info=None):
+        """Ends this trainer's part (flushes first if needed). ``dense``: the dense model's
+        parameters (a tensor or a list of tensors, e.g. ``list(model.parameters())``; trainer
+        0's go into params.bin and the fingerprint); ``predictions``/``labels``: held-out
+        probabilities and labels (summary.json's log loss and AUC); ``info``: the loop's figures
+        for summary.json (train_loss, iterations, samples, seconds, time_ms)."""
+        def flat(values):
+            if values is None:
+                return None
+            if isinstance(values, torch.Tensor):
+                values = [values]
+            if isinstance(values, (list, tuple)) and values and isinstance(values[0], torch.Tensor):
+                return torch.cat([v.detach().reshape(-1).to("cpu", torch.float32)
+                                  for v in values]).numpy()
+            return np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(-1))
+        self._core.complete(flat(dense), flat(predictions), flat(labels), json.dumps(info or {}))
+
+    def stats(self):
+        """The trainer's counters and phase times (seconds) so far, as a dict."""
+        return json.loads(self._core.stats_json())
+
+
+_live_jobs = weakref.WeakSet()
+
+
+@atexit.register
+def _close_jobs_at_exit():
+    for job in list(_live_jobs):
+        try:
+            job.close()
+        except Exception:  # the interpreter is exiting: nothing left to report to
+            pass
+    _core._shutdown()
+
+
+class _InterruptWatch:
+    """Aborts the job when a SIGINT arrives while a call blocks in the runtime: Python's signal
+    handler only sets a flag that the blocked main thread would not see. signal.set_wakeup_fd
+    makes the handler also write the signal number to a socket this thread reads. The
+    KeyboardInterrupt is then raised on the main thread as usual."""
+
+    def __init__(self, core):
+        self._active = False
+        if threading.current_thread() is not threading.main_thread():
+            return  # set_wakeup_fd works from the main thread only: Ctrl-C is left to Python
+        self._reader, self._writer = socket.socketpair()
+        self._writer.setblocking(False)
+        self._previous = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        self._core = core
+        self._active = True
+        self._thread = threading.Thread(target=self._run, name="bagpipe-interrupt-watch",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            try:
+                received = self._reader.recv(64)
+            except OSError:
+                return
+            if not received:
+                return
+            if self._previous >= 0:
+                try:
+                    os.write(self._previous, received)  # the previous listener gets them too
+                except OSError:
+                    pass
+            if signal.SIGINT in received:
+                self._core.abort("interrupted (SIGINT)")
+
+    def close(self):
+        if not self._active:
+            return
+        self._active = False
+        try:
+            signal.set_wakeup_fd(self._previous)
+        except ValueError:
+            pass  # not on the main thread: the interpreter keeps our (closed) socket's number
+        self._writer.close()
+        self._thread.join()
+        self._reader.close()
+
+
+class Job:
+    """A Bagpipe job: starts the oracle and the embedding servers (threads of this process) and
+    hands out the trainers this process hosts (``job.trainers``) for the caller's threads — or,
+    launched by ``mpirun``, plays this rank's role (rank 0 the oracle, ranks 1..S the servers,
+    the others one trainer each; every rank runs the same script).
+
+    ``config``: a Config (or parse_train_args' first result). Data: ``config.data`` names a
+    source (synthetic:..., criteo:PATH, csv:PATH with config.schema, bin:PATH), or ``data`` is an
+    iterable of batches read ahead by the oracle on its own thread — each item a dict with
+    ``dense`` [n, num_dense], ``labels`` [n] and per-table ``ids`` (a list of 1-D id arrays)
+    with optional per-table ``offsets`` (n bag starts as nn.EmbeddingBag takes them, or n + 1
+    CSR offsets; none: one id per sample) — described by ``schema`` (a Schema);
+    ``eval_data``: held-out batches in the same form. The samples of the items are cut into
+    global batches of ``config.batch_size``.
+
+    Use it as a context manager: leaving the block with an exception aborts the job (every
+    thread and rank stops) and ``close()`` joins its threads."""
+
+    def __init__(self, config, data=None, schema=None, eval_data=None):
+        if not isinstance(config, _core.Config):
+            raise TypeError(f"Job: config must be a bagpipe.Config, got {type(config).__name__}")
+        normalize = None
+        if data is not None:
+            if schema is None:
+                raise ConfigError("Job: data given as an iterable needs a schema "
+                                  "(bagpipe.Schema(table_rows=[...], num_dense=...))")
+            normalize = _data.Normalizer(schema.num_tables, schema.num_dense)
+        self._core = _core.Job(config, data, eval_data, normalize, schema)
+        self.config = self._core.config
+        self.schema = self._core.schema
+        self.trainers = [Trainer(t, self.schema.num_tables, self.schema.num_dense, self.config.dim)
+                         for t in self._core.trainers()]
+        self._finished = False
+        self._watch = _InterruptWatch(self._core)
+        _live_jobs.add(self)
+
+    rank = property(lambda self: self._core.rank, doc="This process's rank (0 when embedded).")
+    world_size = property(lambda self: self._core.world_size,
+                          doc="Ranks of the job: 1 oracle + servers + trainers.")
+    num_trainers = property(lambda self: self._core.num_trainers,
+                            doc="Trainers of the whole job.")
+    servers = property(lambda self: self._core.servers)
+    cache_rows = property(lambda self: self._core.cache_rows,
+                          doc="Rows of each trainer's cache (after the default).")
+    mpirun = property(lambda self: self._core.mpirun, doc="Launched by mpirun.")
+    description = property(lambda self: self._core.description, doc="The data source.")
+    aborted = property(lambda self: self._core.aborted,
+                       doc="Why the job was aborted (the root cause's message), or None.")
+
+    def __repr__(self):
+        where = f"rank {self.rank} of {self.world_size} (mpirun)" if self.mpirun else "embedded"
+        return (f"bagpipe.Job({where}, {self.num_trainers} trainer(s), {self.servers} "
+                f"server(s), {len(self.trainers)} local)")
+
+    def run_trainers(self, fn, *args, **kwargs):
+        """Runs ``fn(trainer, *args, **kwargs)`` for every local trainer, one thread each (the
+        calling thread takes the first, so Ctrl-C lands in a loop), and returns their results.
+        A trainer that raises aborts the job — the others' blocked calls raise JobError — and
+        its exception (the root cause) is raised here once all have stopped."""
+        results = [None] * len(self.trainers)
+        errors = []
+
+        def body(index):
+            trainer = self.trainers[index]
+            try:
+                results[index] = fn(trainer, *args, **kwargs)
+            except BaseException as error:  # KeyboardInterrupt included: the job must stop
+                errors.append(error)
+                self.abort(f"trainer {trainer.id} raised {type(error).__name__}: {error}")
+
+        threads = [threading.Thread(target=body, args=(i,), name=f"bagpipe-trainer-{i}")
+                   for i in range(1, len(self.trainers))]
+        for thread in threads:
+            thread.start()
+        try:
+            if self.trainers:
+                body(0)
+        finally:
+            for thread in threads:
+                while thread.is_alive():
+                    try:
+                        thread.join()
+                    except KeyboardInterrupt as error:
+                        errors.append(error)
+                        self.abort("interrupted (SIGINT)")
+        if errors:
+            # The root cause first: the error that is not the echo of the job's abort.
+            errors.sort(key=lambda e: isinstance(e, JobError))
+            raise errors[0]
+        return results
+
+    def abort(self, message="aborted"):
+        """Ends the job everywhere: every blocked or later call raises JobError(message)."""
+        self._core.abort(str(message))
+
+    def finish(self, out=None, summary_json=None, dump_params=None, model=None):
+        """Waits for the job to end (after the trainers' threads are done). Rank 0 gathers every
+        parameter into the fingerprint — and DIR/params.bin with ``dump_params`` — and returns
+        the summary (the same summary.json as ``bagpipe train``; written with ``summary_json``,
+        or into ``out``/summary.json); other ranks return None. ``model``: a dict describing the
+        dense model for summary.json and the params.bin header (e.g. model/bottom/top)."""
+        if out is not None:
+            os.makedirs(out, exist_ok=True)
+            if summary_json is None:
+                summary_json = os.path.join(out, "summary.json")
+        text = self._core.finish(str(summary_json or ""), str(dump_params or ""),
+                                 json.dumps(model or {}))
+        self._finished = True
+        return None if text is None else json.loads(text)
+
+    def close(self):
+        """Aborts the job unless it finished, waits for calls in flight and joins its threads.
+        Idempotent."""
+        watch = getattr(self, "_watch", None)
+        if watch is not None:
+            watch.close()
+        core = getattr(self, "_core", None)
+        if core is not None:
+            core.close()
+        _live_jobs.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if error is not None and not self._finished:
+            self.abort(f"{kind.__name__}: {error}")
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

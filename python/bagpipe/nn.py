@@ -1,0 +1,48 @@
+"""The autograd layer: the runtime's embedding tables as a torch.nn.Module."""
+
+import torch
+
+
+class _PooledLookup(torch.autograd.Function):
+    """Forward: the batch's pooled embeddings. Backward: hands d(loss)/d(pooled) to the runtime
+    (Trainer.end_iteration), which ends the iteration — row gradients, exchange with the other
+    trainers, optimizer — and returns nothing for the inputs."""
+
+    @staticmethod
+    def forward(ctx, anchor, trainer):
+        ctx.trainer = trainer
+        return trainer.lookup_pooled()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, pooled_grad):
+        # Autograd may hand over an expanded or strided gradient: the runtime reads rows.
+        ctx.trainer.end_iteration(pooled_grad.contiguous())
+        return None, None
+
+
+class EmbeddingBags(torch.nn.Module):
+    """Replaces a DLRM's list of ``nn.EmbeddingBag(rows, dim, mode="sum")`` tables.
+
+    ``forward(batch)`` returns the batch's pooled embeddings, a float32 tensor [n, tables, dim]
+    (``torch.stack([bag(ids_t, offsets_t) for each table], 1)`` in a pure-PyTorch model); its
+    backward hands d(loss)/d(pooled) to the runtime, which applies the embedding optimizer
+    (config.optimizer, lr, eps...) — so the tables are no parameters of the module and no
+    torch optimizer sees them. Each training batch's output must be backpropagated exactly once
+    (the next ``begin_iteration`` raises UsageError otherwise). Evaluation batches and calls
+    under ``torch.no_grad()`` only look the rows up.
+    """
+
+    def __init__(self, trainer):
+        super().__init__()
+        self.trainer = trainer
+
+    def forward(self, batch):
+        if batch.is_eval or not torch.is_grad_enabled():
+            return self.trainer.lookup_pooled()
+        anchor = torch.empty(0, requires_grad=True)  # makes autograd record the lookup
+        return _PooledLookup.apply(anchor, self.trainer)
+
+    def extra_repr(self):
+        t = self.trainer
+        return f"{t.num_tables} tables, dim {t.dim}, trainer {t.id} of {t.num_trainers}"

@@ -1,0 +1,117 @@
+#include "python/src/dlpack_view.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "dlpack/dlpack.h"
+
+namespace bagpipe::python {
+namespace py = pybind11;
+
+namespace {
+
+constexpr char kCapsuleName[] = "dltensor";
+
+std::string ShapeText(const int64_t* shape, int ndim) {
+  std::vector<std::string> parts;
+  for (int d = 0; d < ndim; ++d) parts.push_back(std::to_string(shape[d]));
+  return absl::StrCat("(", absl::StrJoin(parts, ", "), ")");
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::vector<std::string> parts;
+  for (int64_t s : shape) parts.push_back(s < 0 ? "any" : std::to_string(s));
+  return absl::StrCat("(", absl::StrJoin(parts, ", "), ")");
+}
+
+std::string DeviceText(const DLDevice& device) {
+  switch (device.device_type) {
+    case kDLCPU:
+      return "cpu";
+    case kDLCUDA:
+      return absl::StrCat("cuda:", device.device_id);
+    case kDLCUDAHost:
+      return "cuda pinned host memory";
+    case kDLCUDAManaged:
+      return absl::StrCat("cuda managed memory (device ", device.device_id, ")");
+    default:
+      return absl::StrCat("DLPack device type ", static_cast<int>(device.device_type));
+  }
+}
+
+std::string DtypeText(const DLDataType& dtype) {
+  const char* kind = dtype.code == kDLFloat    ? "float"
+                     : dtype.code == kDLInt    ? "int"
+                     : dtype.code == kDLUInt   ? "uint"
+                     : dtype.code == kDLBfloat ? "bfloat"
+                                               : "other";
+  return absl::StrCat(kind, static_cast<int>(dtype.bits),
+                      dtype.lanes != 1 ? absl::StrCat("x", dtype.lanes) : "");
+}
+
+}  // namespace
+
+TensorView ViewTensor(py::handle tensor, const std::string& what, const std::vector<int64_t>& shape,
+                      const DeviceContext& context) {
+  py::object capsule;
+  if (PyCapsule_CheckExact(tensor.ptr())) {
+    capsule = py::reinterpret_borrow<py::object>(tensor);
+  } else if (py::hasattr(tensor, "__dlpack__")) {
+    capsule = tensor.attr("__dlpack__")();
+  } else {
+    throw py::type_error(absl::StrCat(what,
+                                      ": expected a tensor (torch.Tensor, numpy.ndarray or "
+                                      "another DLPack producer), got ",
+                                      std::string(py::str(py::type::of(tensor).attr("__name__")))));
+  }
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), kCapsuleName));
+  if (managed == nullptr) {
+    PyErr_Clear();
+    throw py::type_error(
+        absl::StrCat(what, ": not an unused DLPack capsule (\"dltensor\"): was it consumed?"));
+  }
+  const DLTensor& t = managed->dl_tensor;
+  if (t.dtype.code != kDLFloat || t.dtype.bits != 32 || t.dtype.lanes != 1) {
+    throw py::type_error(absl::StrCat(what, ": expected float32, got ", DtypeText(t.dtype)));
+  }
+  const bool host = t.device.device_type == kDLCPU || t.device.device_type == kDLCUDAHost;
+  if (context.is_cuda()) {
+    if (t.device.device_type != kDLCUDA || t.device.device_id != context.device_index()) {
+      throw py::value_error(absl::StrCat(what,
+                                         ": expected a tensor on cuda:", context.device_index(),
+                                         " (the trainer's device), got ", DeviceText(t.device)));
+    }
+  } else if (!host) {
+    throw py::value_error(absl::StrCat(what,
+                                       ": expected a CPU tensor (the trainer runs on the "
+                                       "CPU), got ",
+                                       DeviceText(t.device)));
+  }
+  // An empty `shape`: any shape.
+  bool shape_ok = shape.empty() || static_cast<size_t>(t.ndim) == shape.size();
+  for (int d = 0; shape_ok && !shape.empty() && d < t.ndim; ++d) {
+    shape_ok = shape[d] < 0 || shape[d] == t.shape[d];
+  }
+  if (!shape_ok) {
+    throw py::value_error(absl::StrCat(what, ": expected shape ", ShapeText(shape), ", got ",
+                                       ShapeText(t.shape, t.ndim)));
+  }
+  TensorView view;
+  int64_t expected_stride = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    // Strides of size-1 dimensions do not matter; NULL strides mean C-contiguous.
+    if (t.strides != nullptr && t.shape[d] != 1 && t.strides[d] != expected_stride) {
+      throw py::value_error(absl::StrCat(what,
+                                         ": expected a contiguous tensor (row-major), got strides ",
+                                         ShapeText(t.strides, t.ndim), " for shape ",
+                                         ShapeText(t.shape, t.ndim), " (call .contiguous())"));
+    }
+    expected_stride *= t.shape[d];
+  }
+  view.elements = expected_stride;
+  view.shape.assign(t.shape, t.shape + t.ndim);
+  view.data = static_cast<char*>(t.data) + t.byte_offset;
+  view.owner = std::move(capsule);
+  return view;
+}
+
+}  // namespace bagpipe::python

@@ -1,0 +1,443 @@
+#include "python/src/py_job.h"
+
+#include <cstring>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "model/run_report.h"
+#include "pybind11/numpy.h"
+#include "python/src/dlpack_view.h"
+#include "python/src/mpi_state.h"
+#include "python/src/python_source.h"
+
+namespace bagpipe::python {
+namespace py = pybind11;
+
+void RaiseError(const char* name, const std::string& message) {
+  py::object type = py::module_::import("bagpipe.errors").attr(name);
+  PyErr_SetString(type.ptr(), message.c_str());
+  throw py::error_already_set();
+}
+
+void RaiseFailure(const absl::Status& status, const absl::Status& aborted) {
+  // A SIGINT's handler raises KeyboardInterrupt here (on the main thread).
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  if (!aborted.ok()) RaiseError("JobError", std::string(aborted.message()));
+  switch (status.code()) {
+    case absl::StatusCode::kFailedPrecondition:
+      RaiseError("UsageError", std::string(status.message()));
+    case absl::StatusCode::kInvalidArgument:
+      RaiseError("ConfigError", std::string(status.message()));
+    default:
+      RaiseError("JobError", std::string(status.message()));
+  }
+}
+
+namespace {
+
+// Counts a trainer call in flight and holds the trainer for the calling thread.
+class TrainerCall {
+ public:
+  TrainerCall(PyTrainer& trainer, std::mutex& busy, JobCore& core, const char* what)
+      : core_(core), lock_(busy, std::try_to_lock) {
+    if (!lock_.owns_lock()) {
+      RaiseError("UsageError",
+                 absl::StrCat(what, ": trainer ", trainer.id(),
+                              " is in a call on another thread (drive each trainer from one "
+                              "thread)"));
+    }
+    core_.Enter(what);
+  }
+  ~TrainerCall() { core_.Leave(); }
+
+ private:
+  JobCore& core_;
+  std::unique_lock<std::mutex> lock_;
+};
+
+absl::StatusOr<Schema> SchemaOf(const JobConfig& config, const std::optional<Schema>& schema,
+                                bool iterable) {
+  if (iterable) {
+    if (!schema.has_value()) {
+      return absl::InvalidArgumentError(
+          "data given as an iterable needs a schema (bagpipe.Schema(table_rows=[...], "
+          "num_dense=...))");
+    }
+    return *schema;
+  }
+  if (schema.has_value()) {
+    return absl::InvalidArgumentError(
+        "a schema is given only with data from an iterable; the readers know their own");
+  }
+  return absl::InvalidArgumentError("no data");  // unused: OpenJobData reports its own
+}
+
+}  // namespace
+
+std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object data,
+                                         py::object eval_data, py::object normalize,
+                                         std::optional<Schema> schema) {
+  std::shared_ptr<JobCore> core(new JobCore());
+  core->config_ = config;
+  if (absl::Status status = config.Validate(); !status.ok()) {
+    RaiseError("ConfigError", std::string(status.message()));
+  }
+  MpiState& mpi = Mpi();
+  core->mpirun_ = LaunchedByMpirun();
+  if (core->mpirun_) {
+    if (absl::Status status = mpi.Start(); !status.ok()) {
+      RaiseError("JobError", std::string(status.message()));
+    }
+    core->rank_ = mpi.transport->rank();
+  }
+  const bool is_rank0 = core->rank_ == 0;
+  const bool iterable = !data.is_none();
+  std::unique_ptr<BatchStream> train, eval;
+  Schema data_schema;
+  if (iterable) {
+    absl::StatusOr<Schema> given = SchemaOf(config, schema, true);
+    if (!given.ok()) RaiseError("ConfigError", std::string(given.status().message()));
+    data_schema = *given;
+    if (is_rank0) {
+      train = std::make_unique<BatchStream>(
+          MakePythonSource(data, normalize, data_schema),
+          BatchStream::Options{config.batch_size, config.iterations > 0 ? 0 : config.epochs,
+                               false});
+      core->description_ = train->source().Describe();
+      if (!eval_data.is_none()) {
+        eval = std::make_unique<BatchStream>(MakePythonSource(eval_data, normalize, data_schema),
+                                             BatchStream::Options{config.batch_size, 1, false});
+      }
+    } else {
+      core->description_ = "python iterable";
+    }
+  } else {
+    if (schema.has_value()) {
+      RaiseError("ConfigError", std::string(SchemaOf(config, schema, false).status().message()));
+    }
+    if (!eval_data.is_none()) {
+      RaiseError("ConfigError",
+                 "eval_data goes with data from an iterable; with config.data set "
+                 "config.eval_fraction instead");
+    }
+    absl::StatusOr<JobData> opened;
+    {
+      py::gil_scoped_release release;
+      opened = OpenJobData(config, is_rank0);
+    }
+    if (!opened.ok()) RaiseError("ConfigError", std::string(opened.status().message()));
+    data_schema = opened->schema;
+    core->description_ = opened->description;
+    train = std::move(opened->train);
+    eval = std::move(opened->eval);
+  }
+  absl::StatusOr<JobOptions> options =
+      config.Resolve(data_schema, core->mpirun_ ? mpi.transport->size() : 0);
+  if (!options.ok()) RaiseError("ConfigError", std::string(options.status().message()));
+  core->options_ = *options;
+  absl::StatusOr<std::unique_ptr<Job>> job;
+  {
+    py::gil_scoped_release release;
+    job = Job::Start(core->options_, std::move(train), std::move(eval),
+                     core->mpirun_ ? mpi.transport.get() : nullptr);
+  }
+  if (!job.ok()) RaiseError("JobError", std::string(job.status().message()));
+  core->job_ = std::move(*job);
+  core->trainers_.resize(core->job_->num_local_trainers());
+  return core;
+}
+
+JobCore::~JobCore() { Close(); }
+
+std::vector<std::shared_ptr<PyTrainer>> JobCore::trainers() {
+  std::vector<std::shared_ptr<PyTrainer>> trainers;
+  for (size_t local = 0; local < trainers_.size(); ++local) {
+    std::shared_ptr<PyTrainer> trainer = trainers_[local].lock();
+    if (trainer == nullptr) {
+      trainer = std::make_shared<PyTrainer>(shared_from_this(), static_cast<int>(local));
+      trainers_[local] = trainer;
+    }
+    trainers.push_back(std::move(trainer));
+  }
+  return trainers;
+}
+
+void JobCore::Abort(const std::string& message) {
+  std::optional<py::gil_scoped_release> release;
+  if (PyGILState_Check()) release.emplace();
+  absl::MutexLock lock(&mu_);
+  if (job_ != nullptr) job_->Abort(absl::CancelledError(message));
+}
+
+absl::Status JobCore::aborted() const {
+  absl::MutexLock lock(&mu_);
+  return job_ != nullptr ? job_->aborted() : closed_abort_;
+}
+
+bool JobCore::closed() const {
+  absl::MutexLock lock(&mu_);
+  return closed_;
+}
+
+void JobCore::Enter(const char* what) {
+  absl::MutexLock lock(&mu_);
+  if (closed_ || finishing_) {
+    RaiseError("UsageError", absl::StrCat(what, ": the job is ",
+                                          closed_ ? "closed" : "finished (Job.finish was called)"));
+  }
+  ++in_flight_;
+}
+
+void JobCore::Leave() {
+  absl::MutexLock lock(&mu_);
+  --in_flight_;
+}
+
+py::object JobCore::Finish(const std::string& summary_json, const std::string& dump_params,
+                           const std::string& model_json) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) RaiseError("UsageError", "finish: the job is closed");
+    if (finishing_) RaiseError("UsageError", "finish: called twice");
+    if (in_flight_ > 0) {
+      RaiseError("UsageError",
+                 "finish: a trainer is still in a call on another thread (join the threads "
+                 "that drive the trainers first)");
+    }
+    finishing_ = true;
+    ++in_flight_;  // Close waits for Finish
+  }
+  struct Leaving {
+    JobCore* core;
+    ~Leaving() { core->Leave(); }
+  } leaving{this};
+  std::unique_ptr<RunRecorder> recorder;
+  ParamSink sink;
+  if (rank_ == 0) {
+    nlohmann::json model = nlohmann::json::parse(model_json, nullptr, false);
+    if (model.is_discarded() || !model.is_object()) {
+      RaiseError("ConfigError", "finish: model must be a dict of JSON values");
+    }
+    absl::StatusOr<std::unique_ptr<RunRecorder>> created =
+        RunRecorder::Create(config_, options_, model, {summary_json, dump_params});
+    if (!created.ok()) {
+      job_->Abort(created.status());
+      RaiseError("ConfigError", std::string(created.status().message()));
+    }
+    recorder = std::move(*created);
+    sink = recorder->sink();
+  }
+  JobResult result;
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = job_->Finish(sink, &result);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    finished_ = true;
+  }
+  if (!status.ok()) RaiseFailure(status, job_->aborted());
+  if (rank_ != 0) return py::none();
+  absl::StatusOr<nlohmann::json> summary = recorder->Finish(result, description_, mpirun_);
+  if (!summary.ok()) RaiseError("JobError", std::string(summary.status().message()));
+  return py::str(summary->dump());
+}
+
+void JobCore::Close() {
+  std::unique_ptr<Job> job;
+  {
+    // Joining may wait for the oracle's thread, which takes the GIL to read an iterable.
+    std::optional<py::gil_scoped_release> release;
+    if (PyGILState_Check()) release.emplace();
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    if (job_ == nullptr) return;
+    // Calls in flight return once the job is aborted (every wait of the runtime observes it).
+    if (job_->aborted().ok() && !finished_) {
+      job_->Abort(absl::CancelledError("the job was closed before it finished"));
+    }
+    auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
+    mu_.Await(absl::Condition(&idle));
+    closed_abort_ = job_->aborted();
+    job = std::move(job_);
+  }
+  std::optional<py::gil_scoped_release> release;
+  if (PyGILState_Check()) release.emplace();
+  job.reset();
+}
+
+PyTrainer::PyTrainer(std::shared_ptr<JobCore> core, int local)
+    : core_(std::move(core)),
+      local_(local),
+      id_(core_->job().trainer(local).id()),
+      copy_order_(std::make_unique<ExternalStream>(core_->job().trainer(local).context())) {}
+
+int PyTrainer::num_trainers() const { return core_->options().layout.trainers; }
+
+std::string PyTrainer::device() const {
+  if (core_->options().backend != Backend::kCuda) return "cpu";
+  return absl::StrCat("cuda:", core_->job().trainer(local_).context()->device_index());
+}
+
+void PyTrainer::Raise(const absl::Status& status) {
+  absl::Status aborted = core_->aborted();
+  if (aborted.ok() && status.code() != absl::StatusCode::kFailedPrecondition &&
+      status.code() != absl::StatusCode::kInvalidArgument) {
+    // A runtime failure of this trainer ends the job everywhere.
+    aborted = core_->job().Fail(local_, status);
+  }
+  RaiseFailure(status, aborted);
+}
+
+py::object PyTrainer::BeginIteration() {
+  TrainerCall call(*this, busy_, *core_, "begin_iteration");
+  absl::StatusOr<bool> more;
+  {
+    py::gil_scoped_release release;
+    more = trainer().BeginIteration(&batch_);
+  }
+  if (!more.ok()) Raise(more.status());
+  kept_.clear();  // the runtime's reads of the previous iteration's buffers are done
+  has_batch_ = *more;
+  if (!*more) return py::none();
+  return py::make_tuple(batch_.iteration, batch_.num_samples, batch_.global_batch_size);
+}
+
+py::object PyTrainer::BeginEvalBatch() {
+  TrainerCall call(*this, busy_, *core_, "begin_eval_batch");
+  absl::StatusOr<bool> more;
+  {
+    py::gil_scoped_release release;
+    more = trainer().BeginEvalBatch(&batch_);
+  }
+  if (!more.ok()) Raise(more.status());
+  has_batch_ = *more;
+  if (!*more) return py::none();
+  return py::make_tuple(batch_.iteration, batch_.num_samples, batch_.num_samples);
+}
+
+void PyTrainer::FillBatch(py::handle dense, py::handle labels) {
+  TrainerCall call(*this, busy_, *core_, "fill_batch");
+  if (!has_batch_) RaiseError("UsageError", "fill_batch: no current batch");
+  const DeviceContext& context = *trainer().context();
+  const int64_t n = batch_.num_samples;
+  TensorView d = ViewTensor(dense, "batch dense", {n, batch_.num_dense}, context);
+  TensorView l = ViewTensor(labels, "batch labels", {n}, context);
+  absl::Status status = context.CopyOnDevice(d.data, batch_.dense, d.elements * sizeof(float));
+  if (status.ok()) {
+    status = context.CopyOnDevice(l.data, batch_.labels, l.elements * sizeof(float));
+  }
+  if (status.ok()) status = copy_order_->ExternalWaitsForCompute();
+  if (!status.ok()) Raise(status);
+}
+
+void PyTrainer::LookupPooledInto(py::handle pooled) {
+  TrainerCall call(*this, busy_, *core_, "lookup_pooled");
+  if (!has_batch_) {
+    RaiseError("UsageError", "lookup_pooled: outside an iteration (call begin_iteration first)");
+  }
+  const int64_t dim = core_->options().trainer.dim;
+  TensorView view = ViewTensor(pooled, "pooled", {batch_.num_samples, batch_.num_tables, dim},
+                               *trainer().context());
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = trainer().LookupPooledInto(static_cast<float*>(view.data));
+  }
+  if (!status.ok()) Raise(status);
+}
+
+void PyTrainer::EndIteration(py::handle pooled_grad) {
+  TrainerCall call(*this, busy_, *core_, "end_iteration");
+  if (!has_batch_) {
+    RaiseError("UsageError",
+               "end_iteration: no iteration to end (begin_iteration first; each iteration ends "
+               "once)");
+  }
+  const int64_t dim = core_->options().trainer.dim;
+  TensorView view = ViewTensor(pooled_grad, "pooled_grad",
+                               {batch_.num_samples, batch_.num_tables, dim}, *trainer().context());
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = trainer().EndIteration(static_cast<const float*>(view.data));
+  }
+  kept_.push_back(std::move(view.owner));
+  if (!status.ok()) Raise(status);
+  has_batch_ = false;
+}
+
+void PyTrainer::AllReduce(py::handle tensor) {
+  TrainerCall call(*this, busy_, *core_, "all_reduce_");
+  TensorView view = ViewTensor(tensor, "all_reduce_ tensor", {}, *trainer().context());
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = trainer().AllReduceDevice(static_cast<float*>(view.data),
+                                       static_cast<size_t>(view.elements));
+  }
+  kept_.push_back(std::move(view.owner));
+  if (!status.ok()) Raise(status);
+}
+
+void PyTrainer::Flush() {
+  TrainerCall call(*this, busy_, *core_, "flush");
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = trainer().Flush();
+  }
+  if (!status.ok()) Raise(status);
+  kept_.clear();
+  has_batch_ = false;
+}
+
+void PyTrainer::Complete(py::object dense, py::object predictions, py::object labels,
+                         const std::string& info_json) {
+  TrainerCall call(*this, busy_, *core_, "complete");
+  using F = py::array_t<float, py::array::c_style | py::array::forcecast>;
+  TrainerOutcome outcome;
+  auto take = [](const py::object& array, std::vector<float>* out) {
+    if (array.is_none()) return;
+    F values = array.cast<F>();
+    out->assign(values.data(), values.data() + values.size());
+  };
+  take(dense, &outcome.dense_parameters);
+  take(predictions, &outcome.eval_predictions);
+  take(labels, &outcome.eval_labels);
+  if (outcome.eval_predictions.size() != outcome.eval_labels.size()) {
+    RaiseError("UsageError",
+               absl::StrCat("complete: ", outcome.eval_predictions.size(), " predictions for ",
+                            outcome.eval_labels.size(), " labels"));
+  }
+  nlohmann::json info = nlohmann::json::parse(info_json, nullptr, false);
+  if (info.is_discarded() || !info.is_object()) {
+    RaiseError("UsageError", "complete: info must be a dict of JSON values");
+  }
+  outcome.info = std::move(info);
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = core_->job().CompleteTrainer(local_, std::move(outcome));
+  }
+  kept_.clear();
+  if (!status.ok()) RaiseFailure(status, core_->aborted());
+}
+
+std::string PyTrainer::StatsJson() {
+  TrainerCall call(*this, busy_, *core_, "stats");
+  return trainer().stats().ToJson().dump();
+}
+
+void PyTrainer::SetExternalStream(uintptr_t stream) {
+  TrainerCall call(*this, busy_, *core_, "set_external_stream");
+  void* pointer = reinterpret_cast<void*>(stream);
+  absl::Status status = trainer().SetExternalStream(pointer);
+  if (status.ok()) status = copy_order_->Set(pointer);
+  if (!status.ok()) RaiseError("UsageError", std::string(status.message()));
+}
+
+}  // namespace bagpipe::python

@@ -1,0 +1,146 @@
+// The objects behind bagpipe._core.Job and bagpipe._core.Trainer: a Job (trainer_hooks/job.h)
+// whose trainers Python threads drive, one thread per trainer.
+//
+// Every call that may block (waiting for plans, rows, peers, the job's end) releases the GIL.
+// A failed call raises: KeyboardInterrupt when a SIGINT is pending (the Python layer aborts the
+// job on SIGINT so that blocked calls return), bagpipe.errors.JobError when the job was aborted
+// (by a failure on another thread or rank, or abort()), UsageError for calls out of order, and
+// TypeError/ValueError for a tensor of the wrong dtype, shape, device or layout (checked before
+// the runtime sees it). A trainer is driven by one thread at a time: a second thread's call
+// raises UsageError instead of racing.
+//
+// Lifetime: Trainer objects keep their JobCore alive; close() (or the last reference) aborts an
+// unfinished job, waits for calls in flight to return and joins the job's threads.
+#ifndef BAGPIPE_PYTHON_SRC_PY_JOB_H_
+#define BAGPIPE_PYTHON_SRC_PY_JOB_H_
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "pybind11/pybind11.h"
+#include "trainer_hooks/external_stream.h"
+#include "trainer_hooks/job.h"
+#include "trainer_hooks/job_config.h"
+
+namespace bagpipe::python {
+
+// Raises the Python exception for `status` (see the file comment). `aborted`: the job's abort
+// status (OK if it was not aborted).
+[[noreturn]] void RaiseFailure(const absl::Status& status, const absl::Status& aborted);
+// Raises bagpipe.errors.<name>(message).
+[[noreturn]] void RaiseError(const char* name, const std::string& message);
+
+class PyTrainer;
+
+class JobCore : public std::enable_shared_from_this<JobCore> {
+ public:
+  // Opens the data (config.data, or the iterables `data`/`eval_data` with `schema` and the
+  // Python `normalize`), resolves the options (ConfigError on a contradiction) and starts the
+  // job: embedded, or this rank's part when launched by mpirun.
+  static std::shared_ptr<JobCore> Create(const JobConfig& config, pybind11::object data,
+                                         pybind11::object eval_data, pybind11::object normalize,
+                                         std::optional<Schema> schema);
+  ~JobCore();
+
+  // The local trainers (the same objects while Python holds them; they keep the core alive).
+  std::vector<std::shared_ptr<PyTrainer>> trainers();
+  int rank() const { return rank_; }
+  int world_size() const { return options_.layout.size(); }
+  bool mpirun() const { return mpirun_; }
+  const JobOptions& options() const { return options_; }
+  const JobConfig& config() const { return config_; }
+  const Schema& schema() const { return options_.oracle.planner.schema; }
+  const std::string& description() const { return description_; }
+
+  // Aborts the job (every blocked call everywhere returns JobError(message)).
+  void Abort(const std::string& message);
+  // The job's abort status.
+  absl::Status aborted() const;
+  // Ends the job (Job::Finish); at rank 0 writes params.bin/summary.json as asked and returns
+  // the summary as JSON text, elsewhere None.
+  pybind11::object Finish(const std::string& summary_json, const std::string& dump_params,
+                          const std::string& model_json);
+  // Aborts an unfinished job, waits for trainer calls in flight, joins the job's threads.
+  void Close();
+  bool closed() const;
+
+  // Trainer calls: Enter fails (UsageError) once the job is closed or finished.
+  void Enter(const char* what);
+  void Leave();
+  Job& job() { return *job_; }
+
+ private:
+  JobCore() = default;
+
+  JobConfig config_;
+  JobOptions options_;
+  std::string description_;
+  bool mpirun_ = false;
+  int rank_ = 0;
+  std::unique_ptr<Job> job_;
+  std::vector<std::weak_ptr<PyTrainer>> trainers_;
+  // Guards the state below; calls in flight are counted so Close can wait for them.
+  mutable absl::Mutex mu_;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;   // Job::Finish returned
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status closed_abort_ ABSL_GUARDED_BY(mu_);  // the job's abort status when it closed
+};
+
+class PyTrainer {
+ public:
+  PyTrainer(std::shared_ptr<JobCore> core, int local);
+
+  int id() const { return id_; }
+  int num_trainers() const;
+  std::string device() const;
+
+  // Begins the next iteration: (iteration, num_samples, global_batch_size), or None when
+  // training has ended.
+  pybind11::object BeginIteration();
+  // After Flush: the next evaluation batch (iteration index, num_samples, num_samples) or None.
+  pybind11::object BeginEvalBatch();
+  // Copies the current batch's dense features [n, num_dense] and labels [n] into the tensors.
+  void FillBatch(pybind11::handle dense, pybind11::handle labels);
+  // Writes the pooled embeddings [n, num_tables, dim] into `pooled`.
+  void LookupPooledInto(pybind11::handle pooled);
+  // Ends the iteration with d(loss)/d(pooled) [n, num_tables, dim]; the tensor is kept alive
+  // until the next begin_iteration/flush returns (the device contract).
+  void EndIteration(pybind11::handle pooled_grad);
+  // In-place sum over all trainers (dense gradients); kept alive the same way.
+  void AllReduce(pybind11::handle tensor);
+  void Flush();
+  // Ends this trainer's part: outcome for rank 0 (dense parameters, held-out predictions and
+  // labels as float32 numpy arrays, info as JSON text).
+  void Complete(pybind11::object dense, pybind11::object predictions, pybind11::object labels,
+                const std::string& info_json);
+  std::string StatsJson();
+  void SetExternalStream(uintptr_t stream);
+
+ private:
+  friend class TrainerCall;
+  Trainer& trainer() { return core_->job().trainer(local_); }
+  // Fails the job for a runtime failure of this trainer (not for misuse) and raises.
+  [[noreturn]] void Raise(const absl::Status& status);
+
+  const std::shared_ptr<JobCore> core_;
+  const int local_;
+  const int id_;
+  std::mutex busy_;  // one calling thread at a time
+  std::unique_ptr<ExternalStream> copy_order_;
+  LocalBatch batch_;
+  bool has_batch_ = false;
+  // Caller buffers the runtime may still read (device contract), released after the next
+  // BeginIteration or Flush returns.
+  std::vector<pybind11::object> kept_;
+};
+
+}  // namespace bagpipe::python
+
+#endif  // BAGPIPE_PYTHON_SRC_PY_JOB_H_

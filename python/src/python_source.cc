@@ -1,0 +1,158 @@
+#include "python/src/python_source.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "pybind11/numpy.h"
+
+namespace bagpipe::python {
+namespace py = pybind11;
+
+namespace {
+
+bool InterpreterAlive() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
+
+class PythonSource final : public SampleSource {
+ public:
+  PythonSource(py::object iterable, py::object normalize, Schema schema)
+      : iterable_(std::move(iterable)),
+        normalize_(std::move(normalize)),
+        schema_(std::move(schema)) {
+    py::gil_scoped_acquire gil;
+    description_ = absl::StrCat(
+        "python iterable (", std::string(py::str(py::type::of(iterable_).attr("__name__"))), ")");
+  }
+
+  ~PythonSource() override {
+    if (InterpreterAlive()) {
+      py::gil_scoped_acquire gil;
+      iterator_ = py::object();
+      iterable_ = py::object();
+      normalize_ = py::object();
+    } else {
+      // The interpreter is gone: its objects cannot be released any more.
+      iterator_.release();
+      iterable_.release();
+      normalize_.release();
+    }
+  }
+
+  const Schema& schema() const override { return schema_; }
+
+  absl::StatusOr<int64_t> Read(int64_t max_samples, Batch* batch) override {
+    if (next_ >= pending_.num_samples) {
+      absl::StatusOr<bool> got = Pull();
+      if (!got.ok()) return got.status();
+      if (!*got) return 0;
+    }
+    const int32_t end = static_cast<int32_t>(
+        std::min<int64_t>(pending_.num_samples, next_ + std::max<int64_t>(max_samples, 1)));
+    *batch = pending_.Slice(next_, end);
+    batch->first_sample = samples_;
+    const int64_t read = end - next_;
+    next_ = end;
+    samples_ += read;
+    return read;
+  }
+
+  absl::Status Rewind() override {
+    if (!InterpreterAlive()) return absl::CancelledError("the Python interpreter is exiting");
+    py::gil_scoped_acquire gil;
+    iterator_ = py::object();
+    pending_ = Batch();
+    next_ = 0;
+    return absl::OkStatus();
+  }
+
+  SourceStats stats() const override {
+    SourceStats stats;
+    stats.samples = samples_;
+    return stats;
+  }
+  std::string Describe() const override { return description_; }
+
+ private:
+  // Takes the next item into pending_; false at the end of the iterable.
+  absl::StatusOr<bool> Pull() {
+    if (!InterpreterAlive()) return absl::CancelledError("the Python interpreter is exiting");
+    py::gil_scoped_acquire gil;
+    try {
+      if (!iterator_) iterator_ = py::iter(iterable_);
+      PyObject* item = PyIter_Next(iterator_.ptr());
+      if (item == nullptr) {
+        if (PyErr_Occurred()) throw py::error_already_set();
+        return false;
+      }
+      py::object owned = py::reinterpret_steal<py::object>(item);
+      py::tuple parts = normalize_(owned);
+      if (absl::Status status = Fill(parts); !status.ok()) return status;
+      ++items_;
+      return true;
+    } catch (py::error_already_set& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch ", items_, " of the ", description_, ": ", e.what()));
+    }
+  }
+
+  absl::Status Fill(const py::tuple& parts) {
+    using F = py::array_t<float, py::array::c_style | py::array::forcecast>;
+    using I = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+    F dense = parts[0].cast<F>();
+    F labels = parts[1].cast<F>();
+    I offsets = parts[2].cast<I>();
+    I ids = parts[3].cast<I>();
+    const int64_t n = labels.size();
+    const int tables = schema_.num_tables();
+    const int num_dense = schema_.num_dense();
+    auto bad = [&](const std::string& what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch ", items_, " of the ", description_, ": ", what));
+    };
+    if (n <= 0) return bad("no samples (labels is empty)");
+    if (dense.size() != n * num_dense) {
+      return bad(absl::StrCat(dense.size(), " dense values for ", n, " samples of ", num_dense,
+                              " dense features"));
+    }
+    if (offsets.size() != tables * n + 1) {
+      return bad(absl::StrCat(offsets.size(), " offsets for ", n, " samples of ", tables,
+                              " tables (expected tables * samples + 1 = ", tables * n + 1, ")"));
+    }
+    const int64_t* o = offsets.data();
+    if (o[0] != 0) return bad("the offsets do not start at 0");
+    for (int64_t k = 0; k < tables * n; ++k) {
+      if (o[k + 1] < o[k]) return bad(absl::StrCat("the offsets decrease at position ", k + 1));
+    }
+    if (o[tables * n] != ids.size()) {
+      return bad(absl::StrCat("the offsets end at ", o[tables * n], " but there are ", ids.size(),
+                              " ids"));
+    }
+    pending_.Reset(num_dense, tables);
+    pending_.num_samples = static_cast<int32_t>(n);
+    pending_.labels.assign(labels.data(), labels.data() + n);
+    pending_.dense.assign(dense.data(), dense.data() + dense.size());
+    pending_.offsets.assign(o, o + offsets.size());
+    pending_.ids.assign(ids.data(), ids.data() + ids.size());
+    next_ = 0;
+    return absl::OkStatus();
+  }
+
+  py::object iterable_;
+  py::object normalize_;
+  py::object iterator_;
+  const Schema schema_;
+  std::string description_;
+  Batch pending_;
+  int32_t next_ = 0;
+  int64_t samples_ = 0;
+  int64_t items_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<SampleSource> MakePythonSource(py::object iterable, py::object normalize,
+                                               Schema schema) {
+  return std::make_unique<PythonSource>(std::move(iterable), std::move(normalize),
+                                        std::move(schema));
+}
+
+}  // namespace bagpipe::python

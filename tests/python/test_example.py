@@ -1,0 +1,54 @@
+"""examples/dlrm_pytorch.py, a torch.nn DLRM trained through bagpipe: with the cache (oracle,
+lru) and without it (off) the parameters end bit-identical (--deterministic), with one trainer
+and with two, and the cache really worked: rows were served from it (hits) and, with two
+trainers, gradients of shared rows were exchanged. `bagpipe compare` reads the runs."""
+
+import os
+import subprocess
+
+import pytest
+
+from conftest import BAGPIPE_BINARY
+
+DATA = "synthetic:samples=12000,tables=6,scale=0.0005,alpha=1.1,pooling=1-2,seed=9"
+COMMON = ["--data", DATA, "--batch-size", "256", "--iterations", "14", "--cache-rows", "1500",
+          "--lookahead", "6", "--dim", "8", "--top", "16-1", "--optimizer", "adagrad",
+          "--lr", "0.05", "--eps", "1e-10", "--dense-lr", "0.1", "--deterministic", "--quiet",
+          "--metrics-interval", "5", "--eval-fraction", "0.05"]
+
+
+@pytest.mark.parametrize("trainers", [1, 2])
+def test_cache_modes_end_bit_identical(example, tmp_path, trainers):
+    summaries = {}
+    for mode in ["off", "oracle", "lru"]:
+        out = str(tmp_path / mode)
+        summaries[mode] = example.main(COMMON + ["--cache", mode, "--trainers", str(trainers),
+                                                 "--out", out, "--dump-params", out])
+    off = summaries["off"]
+    assert off["trainers"] == trainers and off["iterations"] == 14
+    assert off["model"] == "pytorch-dlrm" and off["eps"] == pytest.approx(1e-10)
+    assert off["dense_lr"] == pytest.approx(0.1)
+    assert off["fills"] > 0 and "eval" in off
+    for mode in ["oracle", "lru"]:
+        run = summaries[mode]
+        assert run["params_sha256"] == off["params_sha256"], f"{mode} T={trainers} differs"
+        assert run["train_loss"] == off["train_loss"]
+        assert run["hit_rate"] > 0.2, f"{mode}: the cache served no rows"
+        assert run["fetched_bytes"] < off["fetched_bytes"]
+        if trainers == 2:
+            assert run["exchanged_rows"] > 0, f"{mode}: no shared-row gradient was exchanged"
+    assert off["hit_rate"] == 0
+    # The runs are bagpipe runs: compare reads them (summary, metrics, params.bin).
+    result = subprocess.run([BAGPIPE_BINARY, "compare", str(tmp_path / "off"),
+                             str(tmp_path / "oracle")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "parameters bit-identical: yes" in result.stdout
+    assert os.path.exists(tmp_path / "oracle" / "metrics.jsonl")
+
+
+def test_logreg_head_and_a_second_seed_change_the_result(example, tmp_path):
+    base = COMMON + ["--cache", "oracle", "--model", "logreg"]
+    a = example.main(base + ["--out", str(tmp_path / "a")])
+    b = example.main(base + ["--out", str(tmp_path / "b"), "--seed", "2"])
+    assert a["model"] == "pytorch-logreg" and a["hit_rate"] > 0
+    assert a["params_sha256"] != b["params_sha256"]  # the fingerprint can fail

@@ -1,0 +1,240 @@
+"""Misuse of the Python API raises the documented exception with a clear message — never a
+crash or a hang: calls out of order (UsageError), a gradient of the wrong shape, dtype, device
+or layout (ValueError/TypeError), options that contradict each other (ConfigError), a job failed
+on another thread or by its data (JobError with the root cause), Ctrl-C in the loop
+(KeyboardInterrupt; every thread stops and the process exits)."""
+
+import ctypes
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import bagpipe
+from conftest import child_env
+
+DATA = "synthetic:samples=20000,tables=4,scale=0.0005,seed=4"
+
+
+def small_config(**options):
+    settings = dict(data=DATA, batch_size=64, iterations=6, cache="oracle", cache_rows=2000,
+                    lookahead=4, dim=4, optimizer="sgd", lr=0.1, peer_timeout=60)
+    settings.update(options)
+    return bagpipe.Config(**settings)
+
+
+def zero_step(trainer):
+    pooled = trainer.lookup_pooled()
+    trainer.end_iteration(torch.zeros_like(pooled))
+
+
+def cuda_capsule(shape):
+    """A DLPack capsule of a float32 tensor on cuda:0 (nothing is allocated there: the device
+    check must reject it before anything reads it)."""
+
+    class DLDevice(ctypes.Structure):
+        _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+    class DLDataType(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+    class DLTensor(ctypes.Structure):
+        _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int),
+                    ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                    ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+    class DLManagedTensor(ctypes.Structure):
+        _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p),
+                    ("deleter", ctypes.c_void_p)]
+
+    dims = (ctypes.c_int64 * len(shape))(*shape)
+    managed = DLManagedTensor()
+    managed.dl_tensor = DLTensor(ctypes.c_void_p(0x1000), DLDevice(2, 0), len(shape),
+                                 DLDataType(2, 32, 1), dims, None, 0)
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype = ctypes.py_object
+    new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return new(ctypes.addressof(managed), b"dltensor", None), (managed, dims)
+
+
+def test_calls_out_of_order_raise_usage_error_and_change_nothing():
+    with bagpipe.Job(small_config()) as job:
+        (trainer,) = job.trainers
+        with pytest.raises(bagpipe.UsageError, match="no iteration to end"):
+            trainer.end_iteration(torch.zeros(1, 4, 4))
+        with pytest.raises(bagpipe.UsageError, match="outside an iteration"):
+            trainer.lookup_pooled()
+        batch = trainer.begin_iteration()
+        assert batch.dense.shape == (64, job.schema.num_dense) and batch.labels.shape == (64,)
+        with pytest.raises(bagpipe.UsageError, match="twice"):
+            trainer.begin_iteration()
+        with pytest.raises(bagpipe.UsageError, match="inside an iteration"):
+            trainer.flush()
+        zero_step(trainer)  # the trainer goes on as if nothing happened
+        iterations = 1 + sum(1 for batch in trainer if zero_step(trainer) is None)
+        assert iterations == 6
+        with pytest.raises(bagpipe.UsageError, match="no iteration to end"):
+            trainer.end_iteration(torch.zeros(64, 4, 4))
+        trainer.flush()
+        trainer.complete()
+        with pytest.raises(bagpipe.UsageError, match="completed twice"):
+            trainer.complete()
+        summary = job.finish()
+        assert summary["iterations"] == 0  # the loop reported no figures: complete() had none
+        with pytest.raises(bagpipe.UsageError, match="finished"):
+            trainer.begin_iteration()
+        with pytest.raises(bagpipe.UsageError, match="twice"):
+            job.finish()
+    with pytest.raises(bagpipe.UsageError, match="closed"):
+        trainer.begin_iteration()
+
+
+def test_tensors_of_the_wrong_shape_dtype_device_or_layout_raise():
+    with bagpipe.Job(small_config()) as job:
+        (trainer,) = job.trainers
+        batch = trainer.begin_iteration()
+        pooled = trainer.lookup_pooled()
+        n, tables, dim = pooled.shape
+        with pytest.raises(ValueError, match=r"expected shape \(64, 4, 4\), got \(64, 16\)"):
+            trainer.end_iteration(torch.zeros(n, tables * dim))
+        with pytest.raises(TypeError, match="expected float32, got float64"):
+            trainer.end_iteration(torch.zeros(n, tables, dim, dtype=torch.float64))
+        with pytest.raises(ValueError, match="contiguous"):
+            trainer.end_iteration(torch.zeros(n, dim, tables).transpose(1, 2))
+        capsule, keep = cuda_capsule([n, tables, dim])
+        with pytest.raises(ValueError, match="expected a CPU tensor.*got cuda:0"):
+            trainer.end_iteration(capsule)
+        with pytest.raises(TypeError, match="expected a tensor"):
+            trainer.end_iteration([[0.0]])
+        with pytest.raises(TypeError, match="float32"):
+            trainer.all_reduce_(torch.zeros(3, dtype=torch.int32))
+        # A numpy array is a tensor too (DLPack), and a gradient that requires grad is fine.
+        trainer.end_iteration(torch.zeros(n, tables, dim, requires_grad=True))
+        assert batch.iteration == 0
+        job.abort("test over")
+
+
+def test_options_that_contradict_each_other_are_config_errors():
+    with pytest.raises(TypeError, match="unknown option 'cache_size'"):
+        bagpipe.Config(cache_size=10)
+    with pytest.raises(bagpipe.ConfigError, match="unknown cache policy"):
+        bagpipe.Config(cache="bellady")
+    with pytest.raises(bagpipe.ConfigError, match="--oracle-split-parts 2.*--trainers 2"):
+        bagpipe.Job(small_config(trainers=2, oracle_split_parts=2))
+    with pytest.raises(bagpipe.ConfigError, match="--eps 0"):
+        bagpipe.Job(small_config(optimizer="adagrad", eps=0.0))
+    with pytest.raises(bagpipe.ConfigError, match="--dense-lr -1"):
+        bagpipe.Job(small_config(dense_lr=-1.0))
+    with pytest.raises(bagpipe.ConfigError, match="needs a schema"):
+        bagpipe.Job(small_config(), data=[])
+    config, flags = bagpipe.parse_train_args(["--cache", "lru", "--dense-lr", "0", "--trainers",
+                                              "3", "--model", "logreg"])
+    assert (config.cache, config.dense_lr, config.trainers, flags["model"]) == ("lru", 0, 3,
+                                                                                "logreg")
+    assert bagpipe.parse_train_args([])[0].dense_lr is None
+    with pytest.raises(SystemExit) as exit_info:
+        bagpipe.parse_train_args(["--no-such-flag"])
+    assert exit_info.value.code == 2
+
+
+def test_a_trainer_thread_that_raises_stops_the_others_with_the_root_cause():
+    seen = {}
+
+    def loop(trainer):
+        try:
+            for i, batch in enumerate(trainer):
+                if trainer.id == 1 and i == 3:
+                    raise ValueError("trainer 1 broke")
+                zero_step(trainer)
+                trainer.all_reduce_(torch.ones(4))
+        except bagpipe.JobError as error:
+            seen[trainer.id] = error
+            raise
+
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="trainer 1 broke"):
+        with bagpipe.Job(small_config(trainers=2, iterations=40)) as job:
+            job.run_trainers(loop)
+    assert "trainer 1 broke" in str(seen[0])  # trainer 0's blocked call raised JobError
+    assert "trainer 1 broke" in job.aborted
+    assert time.monotonic() - start < 30, "the job waited for a peer timeout (60 s)"
+
+
+def batches_for(schema, count, bad=None):
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        item = {"dense": rng.standard_normal((32, schema.num_dense)).astype(np.float32),
+                "labels": (rng.random(32) < 0.5).astype(np.float32),
+                "ids": [rng.integers(0, rows, 32) for rows in schema.table_rows]}
+        if i == 2 and bad is not None:
+            item = bad(item)
+        yield item
+
+
+@pytest.mark.parametrize("bad,message", [
+    (lambda item: {**item, "ids": [np.full(32, 99), item["ids"][1]]}, "table0"),
+    (lambda item: {k: v for k, v in item.items() if k != "labels"}, "needs 'labels'"),
+    (lambda item: {**item, "offsets": [np.arange(31), np.arange(32)]}, "31 offsets for 32"),
+    (lambda item: 1 / 0, "ZeroDivisionError"),
+])
+def test_bad_data_from_an_iterable_fails_the_job_with_its_message(bad, message):
+    schema = bagpipe.Schema(table_rows=[10, 20], num_dense=2)
+    config = bagpipe.Config(batch_size=32, cache_rows=100, dim=4, optimizer="sgd",
+                            peer_timeout=60)
+    with bagpipe.Job(config, data=batches_for(schema, 6, bad), schema=schema) as job:
+        (trainer,) = job.trainers
+        with pytest.raises(bagpipe.JobError, match=message):
+            for batch in trainer:
+                zero_step(trainer)
+
+
+INTERRUPTED = """
+import sys, time, torch, bagpipe
+trainers, mode = int(sys.argv[1]), sys.argv[2]
+config = bagpipe.Config(data="synthetic:samples=100000000,tables=4,scale=0.0005,seed=1",
+                        batch_size=64, iterations=10000000, trainers=trainers, cache_rows=4000,
+                        dim=4, optimizer="sgd", peer_timeout=60)
+def loop(trainer):
+    for i, batch in enumerate(trainer):
+        if i == 2 and trainer.id == 0:
+            print("training", flush=True)
+        if mode == "stall" and trainer.id == 1 and i == 3:
+            # Trainer 0 goes on and blocks in the runtime, waiting for this one.
+            while job.aborted is None:
+                time.sleep(0.05)
+            raise bagpipe.JobError(job.aborted)
+        pooled = trainer.lookup_pooled()
+        trainer.end_iteration(torch.zeros_like(pooled))
+        trainer.all_reduce_(torch.ones(2))
+with bagpipe.Job(config) as job:
+    job.run_trainers(loop)
+"""
+
+
+@pytest.mark.parametrize("trainers,mode", [(1, "run"), (2, "run"), (2, "stall")])
+def test_ctrl_c_stops_the_job_and_every_thread(trainers, mode):
+    child = subprocess.Popen([sys.executable, "-c", INTERRUPTED, str(trainers), mode],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(),
+                             text=True)
+    try:
+        ready, _, _ = select.select([child.stdout], [], [], 120)
+        assert ready and child.stdout.readline().strip() == "training", child.stderr.read()
+        time.sleep(0.5)
+        child.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        _, stderr = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+            pytest.fail("the process did not end within 60 s of SIGINT: a thread hung")
+    assert child.returncode != 0
+    assert "KeyboardInterrupt" in stderr, stderr
+    assert "Segmentation" not in stderr and "Abort" not in stderr.replace("aborted", "")
+    assert time.monotonic() - sent < 30, "stopping waited for a peer timeout (60 s)"

@@ -1,0 +1,65 @@
+"""Under mpirun every rank runs the same PyTorch script (rank 0 the oracle, rank 1 the server,
+ranks 2-3 trainers): the result is bit-identical to the single-process run with --cache off, and
+a rank that fails ends every rank (no hung ranks)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import EXAMPLE, child_env
+
+MPIEXEC = os.environ.get("MPIEXEC") or shutil.which("mpirun")
+pytestmark = pytest.mark.skipif(not MPIEXEC, reason="mpirun is not installed")
+
+DATA = "synthetic:samples=12000,tables=6,scale=0.0005,alpha=1.1,pooling=1-2,seed=9"
+COMMON = ["--data", DATA, "--batch-size", "256", "--iterations", "12", "--cache-rows", "1500",
+          "--dim", "8", "--top", "16-1", "--optimizer", "adagrad", "--lr", "0.05",
+          "--deterministic", "--quiet", "--metrics-interval", "4"]
+
+
+def mpirun(np_ranks, args, timeout=300):
+    return subprocess.run([MPIEXEC, "-np", str(np_ranks), "--oversubscribe", sys.executable]
+                          + args, capture_output=True, text=True, env=child_env(),
+                          timeout=timeout)
+
+
+def test_mpirun_equals_the_single_process_off_run(example, tmp_path):
+    reference = example.main(COMMON + ["--cache", "off", "--trainers", "2",
+                                       "--out", str(tmp_path / "off")])
+    result = mpirun(4, [EXAMPLE] + COMMON + ["--cache", "oracle", "--servers", "1",
+                                             "--out", str(tmp_path / "mpi")])
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(tmp_path / "mpi" / "summary.json") as f:
+        summary = json.load(f)
+    assert summary["mode"] == "mpirun" and summary["trainers"] == 2
+    assert summary["params_sha256"] == reference["params_sha256"]
+    assert summary["hit_rate"] > 0 and summary["exchanged_rows"] > 0
+    assert os.path.exists(tmp_path / "mpi" / "metrics.jsonl")  # written by trainer 0's rank
+
+
+FAILING = """
+import sys, torch, bagpipe
+config = bagpipe.Config(data="synthetic:samples=100000000,tables=4,seed=1", batch_size=64,
+                        iterations=1000000, cache_rows=4000, dim=4, optimizer="sgd",
+                        peer_timeout=60)
+def loop(trainer):
+    for i, batch in enumerate(trainer):
+        if trainer.id == 1 and i == 5:
+            raise RuntimeError("trainer 1's loop failed on purpose")
+        pooled = trainer.lookup_pooled()
+        trainer.end_iteration(torch.zeros_like(pooled))
+        trainer.all_reduce_(torch.ones(2))
+with bagpipe.Job(config) as job:
+    job.run_trainers(loop)
+    job.finish()
+"""
+
+
+def test_a_failing_rank_ends_every_rank():
+    result = mpirun(4, ["-c", FAILING], timeout=120)
+    assert result.returncode != 0
+    assert "failed on purpose" in result.stdout + result.stderr
