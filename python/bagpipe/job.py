@@ -10,6 +10,7 @@ import weakref
 
 import numpy as np
 import torch
+from torch.utils.dlpack import from_dlpack
 
 from bagpipe import _core
 from bagpipe import data as _data
@@ -72,12 +73,13 @@ def initial_embedding_weights(config, schema):
 class Batch:
     """One iteration's local batch: ``dense`` [n, num_dense] and ``labels`` [n] (float32 tensors
     on the trainer's device, owned by the caller), ``num_samples`` (n, this trainer's share),
-    ``global_batch_size`` (all trainers' samples), ``iteration``. The sparse features stay in
-    the runtime: :class:`EmbeddingBags` (or ``trainer.lookup_pooled()``) turns them into pooled
-    embeddings."""
+    ``global_batch_size`` (all trainers' samples), ``iteration``, ``pooled`` (the pooled
+    embeddings, looked up on first access). The sparse ids stay in the runtime (already turned
+    into cache slots by the oracle): :class:`EmbeddingBags` turns them into pooled embeddings
+    that train."""
 
     __slots__ = ("trainer", "iteration", "num_samples", "global_batch_size", "dense", "labels",
-                 "is_eval")
+                 "is_eval", "_pooled")
 
     def __init__(self, trainer, iteration, num_samples, global_batch_size, dense, labels,
                  is_eval):
@@ -88,6 +90,15 @@ class Batch:
         self.dense = dense
         self.labels = labels
         self.is_eval = is_eval
+        self._pooled = None
+
+    @property
+    def pooled(self):
+        """The pooled embeddings [n, tables, dim], looked up at the first access (no autograd:
+        to train them use EmbeddingBags, or hand the gradient to trainer.end_iteration)."""
+        if self._pooled is None:
+            self._pooled = self.trainer.lookup_pooled()
+        return self._pooled
 
     def __repr__(self):
         kind = "eval batch" if self.is_eval else "iteration"
@@ -125,11 +136,11 @@ class Trainer:
             self._core.set_external_stream(torch.cuda.current_stream(self.device).cuda_stream)
 
     def _make_batch(self, info, is_eval):
-        iteration, n, global_size = info
-        dense = torch.empty((n, self.num_dense), dtype=torch.float32, device=self.device)
-        labels = torch.empty((n,), dtype=torch.float32, device=self.device)
-        self._core.fill_batch(dense, labels)
-        self._batch = Batch(self, iteration, n, global_size, dense, labels, is_eval)
+        # The tensors come from the trainer's buffer pool (no allocation in the steady state);
+        # a buffer is reused only after every tensor viewing it is gone.
+        iteration, n, global_size, dense, labels = info
+        self._batch = Batch(self, iteration, n, global_size, from_dlpack(dense),
+                            from_dlpack(labels), is_eval)
         return self._batch
 
     def begin_iteration(self):
@@ -149,15 +160,14 @@ class Trainer:
                 return
             yield batch
 
-    def lookup_pooled(self):
-        """The current batch's pooled (sum) embeddings, a new float32 tensor [n, tables, dim]."""
-        batch = self._batch
-        if batch is None:
-            raise UsageError("lookup_pooled: outside an iteration (call begin_iteration first)")
-        out = torch.empty((batch.num_samples, self.num_tables, self.dim), dtype=torch.float32,
-                          device=self.device)
-        self._core.lookup_pooled_into(out)
-        return out
+    def lookup_pooled(self, out=None):
+        """The current batch's pooled (sum) embeddings: a float32 tensor [n, tables, dim] of the
+        caller's (a pooled buffer of the trainer's, reused once no tensor views it), or written
+        into ``out`` (contiguous float32 on the trainer's device) and returned."""
+        if out is not None:
+            self._core.lookup_pooled_into(out)
+            return out
+        return from_dlpack(self._core.lookup_pooled())
 
     def end_iteration(self, pooled_grad):
         """Ends the iteration with d(loss)/d(pooled): a contiguous float32 tensor [n, tables,

@@ -1,5 +1,7 @@
 #include "python/src/dlpack_view.h"
 
+#include <mutex>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dlpack/dlpack.h"
@@ -112,6 +114,108 @@ TensorView ViewTensor(py::handle tensor, const std::string& what, const std::vec
   view.data = static_cast<char*>(t.data) + t.byte_offset;
   view.owner = std::move(capsule);
   return view;
+}
+
+// Buffers waiting to be handed out again, by size in bytes. At most kMaxFree are kept.
+struct TensorPool::State {
+  static constexpr size_t kMaxFree = 8;
+  std::shared_ptr<DeviceContext> context;
+  std::mutex mu;
+  std::vector<std::pair<size_t, void*>> free;  // guarded by mu
+
+  void Return(void* data, size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (free.size() < kMaxFree) {
+        free.emplace_back(bytes, data);
+        return;
+      }
+    }
+    context->Free(data);
+  }
+  ~State() {
+    for (auto& [bytes, data] : free) context->Free(data);
+  }
+};
+
+namespace {
+
+// What a produced DLManagedTensor owns.
+struct Produced {
+  DLManagedTensor managed{};
+  std::vector<int64_t> shape;
+  void* data = nullptr;
+  size_t bytes = 0;
+  std::shared_ptr<TensorPool::State> pool;  // keeps the pool (and its context) alive
+};
+
+void DeleteProduced(DLManagedTensor* managed) {
+  auto* produced = static_cast<Produced*>(managed->manager_ctx);
+  produced->pool->Return(produced->data, produced->bytes);
+  delete produced;
+}
+
+// A capsule nobody consumed still owns its tensor.
+void DestroyCapsule(PyObject* capsule) {
+  if (PyCapsule_IsValid(capsule, kCapsuleName)) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+    managed->deleter(managed);
+  }
+}
+
+}  // namespace
+
+TensorPool::TensorPool(std::shared_ptr<DeviceContext> context) : state_(std::make_shared<State>()) {
+  state_->context = std::move(context);
+}
+
+TensorPool::~TensorPool() = default;
+
+py::capsule TensorPool::Take(const std::vector<int64_t>& shape, float** data) {
+  int64_t elements = 1;
+  for (int64_t s : shape) elements *= s;
+  const size_t bytes = std::max<size_t>(1, static_cast<size_t>(elements)) * sizeof(float);
+  auto produced = std::make_unique<Produced>();
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    for (auto it = state_->free.begin(); it != state_->free.end(); ++it) {
+      if (it->first == bytes) {
+        produced->data = it->second;
+        state_->free.erase(it);
+        break;
+      }
+    }
+  }
+  if (produced->data == nullptr) {
+    absl::StatusOr<void*> allocated = state_->context->Allocate(bytes);
+    if (!allocated.ok()) {
+      PyErr_SetString(PyExc_MemoryError, std::string(allocated.status().message()).c_str());
+      throw py::error_already_set();
+    }
+    produced->data = *allocated;
+  }
+  produced->bytes = bytes;
+  produced->shape = shape;
+  produced->pool = state_;
+  DLTensor& t = produced->managed.dl_tensor;
+  t.data = produced->data;
+  t.device = state_->context->is_cuda() ? DLDevice{kDLCUDA, state_->context->device_index()}
+                                        : DLDevice{kDLCPU, 0};
+  t.ndim = static_cast<int>(shape.size());
+  t.dtype = DLDataType{kDLFloat, 32, 1};
+  t.shape = produced->shape.data();
+  t.strides = nullptr;  // C-contiguous
+  t.byte_offset = 0;
+  produced->managed.manager_ctx = produced.get();
+  produced->managed.deleter = DeleteProduced;
+  *data = static_cast<float*>(produced->data);
+  DLManagedTensor* managed = &produced.release()->managed;
+  PyObject* capsule = PyCapsule_New(managed, kCapsuleName, DestroyCapsule);
+  if (capsule == nullptr) {
+    DeleteProduced(managed);
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::capsule>(capsule);
 }
 
 }  // namespace bagpipe::python

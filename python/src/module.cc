@@ -257,7 +257,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("device", &PyTrainer::device)
       .def("begin_iteration", &PyTrainer::BeginIteration)
       .def("begin_eval_batch", &PyTrainer::BeginEvalBatch)
-      .def("fill_batch", &PyTrainer::FillBatch)
+      .def("lookup_pooled", &PyTrainer::LookupPooled)
       .def("lookup_pooled_into", &PyTrainer::LookupPooledInto)
       .def("end_iteration", &PyTrainer::EndIteration)
       .def("all_reduce_", &PyTrainer::AllReduce)

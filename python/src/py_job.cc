@@ -56,23 +56,6 @@ class TrainerCall {
   std::unique_lock<std::mutex> lock_;
 };
 
-absl::StatusOr<Schema> SchemaOf(const JobConfig& config, const std::optional<Schema>& schema,
-                                bool iterable) {
-  if (iterable) {
-    if (!schema.has_value()) {
-      return absl::InvalidArgumentError(
-          "data given as an iterable needs a schema (bagpipe.Schema(table_rows=[...], "
-          "num_dense=...))");
-    }
-    return *schema;
-  }
-  if (schema.has_value()) {
-    return absl::InvalidArgumentError(
-        "a schema is given only with data from an iterable; the readers know their own");
-  }
-  return absl::InvalidArgumentError("no data");  // unused: OpenJobData reports its own
-}
-
 }  // namespace
 
 std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object data,
@@ -96,9 +79,20 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
   std::unique_ptr<BatchStream> train, eval;
   Schema data_schema;
   if (iterable) {
-    absl::StatusOr<Schema> given = SchemaOf(config, schema, true);
-    if (!given.ok()) RaiseError("ConfigError", std::string(given.status().message()));
-    data_schema = *given;
+    if (!schema.has_value()) {
+      RaiseError("ConfigError",
+                 "data given as an iterable needs a schema (bagpipe.Schema(table_rows=[...], "
+                 "num_dense=...))");
+    }
+    if (config.data != JobConfig().data) {
+      RaiseError("ConfigError",
+                 absl::StrCat("data given twice: config.data '", config.data, "' and an iterable"));
+    }
+    if (config.eval_fraction > 0) {
+      RaiseError("ConfigError",
+                 "config.eval_fraction splits a data source; with an iterable pass eval_data");
+    }
+    data_schema = *schema;
     if (is_rank0) {
       train = std::make_unique<BatchStream>(
           MakePythonSource(data, normalize, data_schema),
@@ -114,7 +108,8 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
     }
   } else {
     if (schema.has_value()) {
-      RaiseError("ConfigError", std::string(SchemaOf(config, schema, false).status().message()));
+      RaiseError("ConfigError",
+                 "a schema goes with data from an iterable; the readers know their own");
     }
     if (!eval_data.is_none()) {
       RaiseError("ConfigError",
@@ -151,6 +146,10 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
 JobCore::~JobCore() { Close(); }
 
 std::vector<std::shared_ptr<PyTrainer>> JobCore::trainers() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) RaiseError("UsageError", "trainers: the job is closed");
+  }
   std::vector<std::shared_ptr<PyTrainer>> trainers;
   for (size_t local = 0; local < trainers_.size(); ++local) {
     std::shared_ptr<PyTrainer> trainer = trainers_[local].lock();
@@ -273,14 +272,15 @@ PyTrainer::PyTrainer(std::shared_ptr<JobCore> core, int local)
     : core_(std::move(core)),
       local_(local),
       id_(core_->job().trainer(local).id()),
-      copy_order_(std::make_unique<ExternalStream>(core_->job().trainer(local).context())) {}
+      copy_order_(std::make_unique<ExternalStream>(core_->job().trainer(local).context())),
+      pool_(core_->job().trainer(local).context()),
+      device_(core_->job().trainer(local).context()->is_cuda()
+                  ? absl::StrCat("cuda:", core_->job().trainer(local).context()->device_index())
+                  : "cpu") {}
 
 int PyTrainer::num_trainers() const { return core_->options().layout.trainers; }
 
-std::string PyTrainer::device() const {
-  if (core_->options().backend != Backend::kCuda) return "cpu";
-  return absl::StrCat("cuda:", core_->job().trainer(local_).context()->device_index());
-}
+std::string PyTrainer::device() const { return device_; }
 
 void PyTrainer::Raise(const absl::Status& status) {
   absl::Status aborted = core_->aborted();
@@ -290,6 +290,24 @@ void PyTrainer::Raise(const absl::Status& status) {
     aborted = core_->job().Fail(local_, status);
   }
   RaiseFailure(status, aborted);
+}
+
+py::object PyTrainer::BatchTuple(int64_t global_batch_size) {
+  const DeviceContext& context = *trainer().context();
+  const int64_t n = batch_.num_samples;
+  float* dense = nullptr;
+  float* labels = nullptr;
+  py::capsule dense_capsule = pool_.Take({n, batch_.num_dense}, &dense);
+  py::capsule labels_capsule = pool_.Take({n}, &labels);
+  absl::Status status =
+      context.CopyOnDevice(dense, batch_.dense, static_cast<size_t>(n) * batch_.num_dense * 4);
+  if (status.ok()) {
+    status = context.CopyOnDevice(labels, batch_.labels, static_cast<size_t>(n) * sizeof(float));
+  }
+  if (status.ok()) status = copy_order_->ExternalWaitsForCompute();
+  if (!status.ok()) Raise(status);
+  return py::make_tuple(batch_.iteration, batch_.num_samples, global_batch_size, dense_capsule,
+                        labels_capsule);
 }
 
 py::object PyTrainer::BeginIteration() {
@@ -303,7 +321,7 @@ py::object PyTrainer::BeginIteration() {
   kept_.clear();  // the runtime's reads of the previous iteration's buffers are done
   has_batch_ = *more;
   if (!*more) return py::none();
-  return py::make_tuple(batch_.iteration, batch_.num_samples, batch_.global_batch_size);
+  return BatchTuple(batch_.global_batch_size);
 }
 
 py::object PyTrainer::BeginEvalBatch() {
@@ -316,26 +334,28 @@ py::object PyTrainer::BeginEvalBatch() {
   if (!more.ok()) Raise(more.status());
   has_batch_ = *more;
   if (!*more) return py::none();
-  return py::make_tuple(batch_.iteration, batch_.num_samples, batch_.num_samples);
+  return BatchTuple(batch_.num_samples);
 }
 
-void PyTrainer::FillBatch(py::handle dense, py::handle labels) {
-  TrainerCall call(*this, busy_, *core_, "fill_batch");
-  if (!has_batch_) RaiseError("UsageError", "fill_batch: no current batch");
-  const DeviceContext& context = *trainer().context();
-  const int64_t n = batch_.num_samples;
-  TensorView d = ViewTensor(dense, "batch dense", {n, batch_.num_dense}, context);
-  TensorView l = ViewTensor(labels, "batch labels", {n}, context);
-  absl::Status status = context.CopyOnDevice(d.data, batch_.dense, d.elements * sizeof(float));
-  if (status.ok()) {
-    status = context.CopyOnDevice(l.data, batch_.labels, l.elements * sizeof(float));
+py::capsule PyTrainer::LookupPooled() {
+  TrainerCall call(*this, busy_, *core_, "lookup_pooled");
+  if (!has_batch_) {
+    RaiseError("UsageError", "lookup_pooled: outside an iteration (call begin_iteration first)");
   }
-  if (status.ok()) status = copy_order_->ExternalWaitsForCompute();
+  float* pooled = nullptr;
+  py::capsule capsule =
+      pool_.Take({batch_.num_samples, batch_.num_tables, core_->options().trainer.dim}, &pooled);
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = trainer().LookupPooledInto(pooled);
+  }
   if (!status.ok()) Raise(status);
+  return capsule;
 }
 
 void PyTrainer::LookupPooledInto(py::handle pooled) {
-  TrainerCall call(*this, busy_, *core_, "lookup_pooled");
+  TrainerCall call(*this, busy_, *core_, "lookup_pooled_into");
   if (!has_batch_) {
     RaiseError("UsageError", "lookup_pooled: outside an iteration (call begin_iteration first)");
   }

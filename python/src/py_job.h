@@ -23,6 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "pybind11/pybind11.h"
+#include "python/src/dlpack_view.h"
 #include "trainer_hooks/external_stream.h"
 #include "trainer_hooks/job.h"
 #include "trainer_hooks/job_config.h"
@@ -101,14 +102,15 @@ class PyTrainer {
   int num_trainers() const;
   std::string device() const;
 
-  // Begins the next iteration: (iteration, num_samples, global_batch_size), or None when
-  // training has ended.
+  // Begins the next iteration: (iteration, num_samples, global_batch_size, dense, labels) with
+  // the dense features [n, num_dense] and labels [n] as DLPack capsules (pooled buffers, see
+  // TensorPool), or None when training has ended.
   pybind11::object BeginIteration();
-  // After Flush: the next evaluation batch (iteration index, num_samples, num_samples) or None.
+  // After Flush: the next evaluation batch, in the same form, or None.
   pybind11::object BeginEvalBatch();
-  // Copies the current batch's dense features [n, num_dense] and labels [n] into the tensors.
-  void FillBatch(pybind11::handle dense, pybind11::handle labels);
-  // Writes the pooled embeddings [n, num_tables, dim] into `pooled`.
+  // The pooled embeddings [n, num_tables, dim] of the current batch in a new capsule (pooled).
+  pybind11::capsule LookupPooled();
+  // Writes the pooled embeddings [n, num_tables, dim] into the caller's `pooled`.
   void LookupPooledInto(pybind11::handle pooled);
   // Ends the iteration with d(loss)/d(pooled) [n, num_tables, dim]; the tensor is kept alive
   // until the next begin_iteration/flush returns (the device contract).
@@ -128,12 +130,16 @@ class PyTrainer {
   Trainer& trainer() { return core_->job().trainer(local_); }
   // Fails the job for a runtime failure of this trainer (not for misuse) and raises.
   [[noreturn]] void Raise(const absl::Status& status);
+  // (iteration, n, global, dense, labels) of batch_ with copies of its dense features and labels.
+  pybind11::object BatchTuple(int64_t global_batch_size);
 
   const std::shared_ptr<JobCore> core_;
   const int local_;
   const int id_;
   std::mutex busy_;  // one calling thread at a time
   std::unique_ptr<ExternalStream> copy_order_;
+  TensorPool pool_;
+  const std::string device_;
   LocalBatch batch_;
   bool has_batch_ = false;
   // Caller buffers the runtime may still read (device contract), released after the next

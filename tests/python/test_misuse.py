@@ -120,6 +120,30 @@ def test_tensors_of_the_wrong_shape_dtype_device_or_layout_raise():
         job.abort("test over")
 
 
+def test_tensors_handed_out_stay_valid_and_their_buffers_are_recycled():
+    # The pooled embeddings and the batch tensors live in the trainer's buffer pool: a tensor the
+    # loop keeps is never written again, and a buffer nobody views serves a later iteration.
+    with bagpipe.Job(small_config(iterations=5)) as job:
+        (trainer,) = job.trainers
+        kept = trainer.begin_iteration()
+        kept_pooled = trainer.lookup_pooled()
+        snapshot = (kept.dense.clone(), kept.labels.clone(), kept_pooled.clone())
+        trainer.end_iteration(torch.zeros_like(kept_pooled))
+        pointers = set()
+        for batch in trainer:
+            pooled = trainer.lookup_pooled()
+            pointers.add(pooled.data_ptr())
+            assert pooled.data_ptr() != kept_pooled.data_ptr()
+            trainer.end_iteration(torch.ones_like(pooled))
+            del pooled, batch
+        assert torch.equal(kept.dense, snapshot[0]) and torch.equal(kept.labels, snapshot[1])
+        assert torch.equal(kept_pooled, snapshot[2])
+        assert len(pointers) == 1  # one buffer served iterations 1-4
+        trainer.flush()
+        trainer.complete()
+        job.finish()
+
+
 def test_options_that_contradict_each_other_are_config_errors():
     with pytest.raises(TypeError, match="unknown option 'cache_size'"):
         bagpipe.Config(cache_size=10)
@@ -133,6 +157,10 @@ def test_options_that_contradict_each_other_are_config_errors():
         bagpipe.Job(small_config(dense_lr=-1.0))
     with pytest.raises(bagpipe.ConfigError, match="needs a schema"):
         bagpipe.Job(small_config(), data=[])
+    with pytest.raises(bagpipe.ConfigError, match="data given twice"):
+        bagpipe.Job(small_config(), data=[], schema=bagpipe.Schema([5]))
+    with pytest.raises(bagpipe.ConfigError, match="goes with data from an iterable"):
+        bagpipe.Job(small_config(), schema=bagpipe.Schema([5]))
     config, flags = bagpipe.parse_train_args(["--cache", "lru", "--dense-lr", "0", "--trainers",
                                               "3", "--model", "logreg"])
     assert (config.cache, config.dense_lr, config.trainers, flags["model"]) == ("lru", 0, 3,
