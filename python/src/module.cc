@@ -140,6 +140,10 @@ void BindConfig(py::module_& m) {
       .def_readwrite("seed", &JobConfig::seed)
       .def_readwrite("deterministic", &JobConfig::deterministic)
       .def_readwrite("collect_parameters", &JobConfig::collect_parameters)
+      .def_readwrite("checkpoint_dir", &JobConfig::checkpoint_dir)
+      .def_readwrite("checkpoint_every", &JobConfig::checkpoint_every)
+      .def_readwrite("keep_checkpoints", &JobConfig::keep_checkpoints)
+      .def_readwrite("resume", &JobConfig::resume)
       .def(
           "dense_optimizer_config",
           [](const JobConfig& c) {
@@ -300,7 +304,9 @@ PYBIND11_MODULE(_core, m) {
       .def("write_json", [](JsonLinesWriter& w, const std::string& text) {
         nlohmann::json record = nlohmann::json::parse(text, nullptr, false);
         if (record.is_discarded()) RaiseError("UsageError", "MetricsWriter: not JSON");
-        w.Write(record);
+        if (absl::Status status = w.Write(record); !status.ok()) {
+          RaiseError("JobError", std::string(status.message()));
+        }
       });
 
   m.def("parse_train_args", &ParseTrainArgs, py::arg("args"), py::arg("prog"),

@@ -66,6 +66,13 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
   if (absl::Status status = config.Validate(); !status.ok()) {
     RaiseError("ConfigError", std::string(status.message()));
   }
+  if (!config.checkpoint_dir.empty() || !config.resume.empty()) {
+    // The runtime saves the tables and the stream position; a checkpoint also needs the loop's
+    // dense model and optimizer (Trainer::SetLoopState), which this package does not hand over.
+    RaiseError("ConfigError",
+               "--checkpoint-dir/--resume: checkpoints of a Python loop are not supported (the "
+               "dense model's state is the loop's; save it with torch.save)");
+  }
   MpiState& mpi = Mpi();
   core->mpirun_ = LaunchedByMpirun();
   if (core->mpirun_) {
