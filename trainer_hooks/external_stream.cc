@@ -36,7 +36,7 @@ ExternalStream::ExternalStream(std::shared_ptr<DeviceContext> context)
 
 ExternalStream::~ExternalStream() {
 #if BAGPIPE_WITH_CUDA
-  for (void* event : {external_done_, compute_done_, reads_done_}) {
+  for (void* event : {external_done_, compute_done_}) {
     if (event != nullptr) (void)cudaEventDestroy(AsEvent(event));
   }
 #endif
@@ -74,28 +74,6 @@ absl::Status ExternalStream::ExternalWaitsForCompute() {
 #if BAGPIPE_WITH_CUDA
   if (stream_ != nullptr) {
     return StreamWaits(stream_, context_->stream(Stream::kCompute), compute_done_);
-  }
-#endif
-  return absl::OkStatus();
-}
-
-absl::Status ExternalStream::MarkReads() {
-#if BAGPIPE_WITH_CUDA
-  if (context_->is_cuda()) {
-    RETURN_IF_ERROR(CreateEvent(&reads_done_));
-    CUDA_RETURN_IF_ERROR(
-        cudaEventRecord(AsEvent(reads_done_), AsStream(context_->stream(Stream::kCompute))));
-    reads_pending_ = true;
-  }
-#endif
-  return absl::OkStatus();
-}
-
-absl::Status ExternalStream::WaitForReads() {
-#if BAGPIPE_WITH_CUDA
-  if (reads_pending_) {
-    reads_pending_ = false;
-    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(AsEvent(reads_done_)));
   }
 #endif
   return absl::OkStatus();

@@ -32,19 +32,12 @@ class ExternalStream {
   // Work queued on the external stream from now on waits for the work queued so far on the
   // compute stream (results ready; reads of the caller's buffers done).
   absl::Status ExternalWaitsForCompute();
-  // Notes that the work queued so far on the compute stream reads the caller's buffers; the
-  // next WaitForReads blocks until it is done.
-  absl::Status MarkReads();
-  // Blocks until the reads noted by MarkReads are done (returns at once when none is pending).
-  absl::Status WaitForReads();
 
  private:
   const std::shared_ptr<DeviceContext> context_;
   void* stream_ = nullptr;
   void* external_done_ = nullptr;  // cudaEvent_t recorded on the external stream
   void* compute_done_ = nullptr;   // cudaEvent_t recorded on the compute stream
-  void* reads_done_ = nullptr;     // cudaEvent_t: the compute stream's reads of caller buffers
-  bool reads_pending_ = false;
 };
 
 }  // namespace bagpipe

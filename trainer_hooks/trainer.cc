@@ -1022,7 +1022,6 @@ const std::shared_ptr<DeviceContext>& Trainer::context() const { return impl_->c
 absl::Status Trainer::SetExternalStream(void* stream) { return external_->Set(stream); }
 absl::StatusOr<bool> Trainer::BeginIteration(LocalBatch* batch) {
   ASSIGN_OR_RETURN(const bool more, impl_->BeginIteration(batch));
-  RETURN_IF_ERROR(external_->WaitForReads());
   if (more) RETURN_IF_ERROR(external_->ExternalWaitsForCompute());
   return more;
 }
@@ -1039,26 +1038,20 @@ absl::Status Trainer::LookupPooledInto(float* pooled) {
 absl::Status Trainer::EndIteration(const float* pooled_grad) {
   RETURN_IF_ERROR(external_->ComputeWaitsForExternal());
   RETURN_IF_ERROR(impl_->EndIteration(pooled_grad));
-  RETURN_IF_ERROR(external_->MarkReads());
   return external_->ExternalWaitsForCompute();
 }
 absl::Status Trainer::EndIterationWithRowGradients(const float* row_grads) {
   RETURN_IF_ERROR(external_->ComputeWaitsForExternal());
   RETURN_IF_ERROR(impl_->EndIterationWithRowGradients(row_grads));
-  RETURN_IF_ERROR(external_->MarkReads());
   return external_->ExternalWaitsForCompute();
 }
 absl::Status Trainer::AllReduce(float* data, size_t count) { return impl_->AllReduce(data, count); }
 absl::Status Trainer::AllReduceDevice(float* data, size_t count) {
   RETURN_IF_ERROR(external_->ComputeWaitsForExternal());
   RETURN_IF_ERROR(impl_->AllReduceDevice(data, count));
-  RETURN_IF_ERROR(external_->MarkReads());
   return external_->ExternalWaitsForCompute();
 }
-absl::Status Trainer::Flush() {
-  RETURN_IF_ERROR(impl_->Flush());
-  return external_->WaitForReads();
-}
+absl::Status Trainer::Flush() { return impl_->Flush(); }
 absl::StatusOr<bool> Trainer::BeginEvalBatch(LocalBatch* batch) {
   ASSIGN_OR_RETURN(const bool more, impl_->BeginEvalBatch(batch));
   if (more) RETURN_IF_ERROR(external_->ExternalWaitsForCompute());

@@ -25,24 +25,30 @@
 // (sum of the trainer's per-sample losses) / global_batch_size, so that summing over trainers
 // gives the gradient of the global mean loss, for sparse and dense parameters alike.
 //
-// Device contract (what a loop on a GPU, e.g. PyTorch's, may rely on; the CPU backend runs
-// everything in program order on the calling thread, so it holds there trivially):
+// Device contract (what a loop on a GPU, e.g. PyTorch's, may rely on):
 //  - A trainer queues its device work on its context's compute stream. What BeginIteration
 //    hands out (the LocalBatch arrays) and what LookupPooled returns are ready in stream order on
 //    that compute stream and stay valid until the next BeginIteration.
 //  - The runtime reads `pooled_grad` (EndIteration), `row_grads` (EndIterationWithRowGradients)
-//    and the AllReduceDevice buffer asynchronously, in compute-stream order. The caller keeps
-//    them alive and unmodified until those reads are done: at the latest until the next
-//    BeginIteration or Flush returns (they order after the reads). LookupPooledInto writes the
-//    caller's buffer the same way: it is written when the compute stream gets there.
+//    and the AllReduceDevice buffer (which it also writes) asynchronously, in compute-stream
+//    order; LookupPooledInto writes the caller's buffer the same way. The caller keeps these
+//    buffers alive and unmodified until then: work it queues afterwards on the compute stream
+//    (or, with SetExternalStream, on its own stream), including what the next BeginIteration or
+//    Flush queues, is ordered after those accesses; the host itself must wait for the compute
+//    stream (context()->Synchronize() or a DeviceEvent) before it frees, rewrites or reads such a
+//    buffer. Nothing here blocks the host: an iteration queues without host synchronisation.
 //  - A caller computing on another stream (PyTorch's current CUDA stream) registers it with
 //    SetExternalStream. Then BeginIteration, BeginEvalBatch and LookupPooled(Into) make that
-//    stream wait (an event) for the batch and the pooled embeddings; EndIteration(...) and
-//    AllReduceDevice make the compute stream wait for the work queued so far on the external
-//    stream before they read (or LookupPooledInto writes) the caller's buffer and, after queueing
+//    stream wait (an event) for the batch and the pooled embeddings; EndIteration(...),
+//    LookupPooledInto and AllReduceDevice make the compute stream wait for the work queued so far
+//    on the external stream before they read or write the caller's buffer and, after queueing
 //    their last access to it, make the external stream wait for it — so a stream-ordered
 //    allocator (PyTorch's caching allocator) cannot hand the caller's freed buffer out again
-//    before the runtime is done with it. On the CPU backend these are ordering no-ops.
+//    before the runtime is done with it.
+//  - CPU: with the default synchronous streams every call has finished its work when it
+//    returns, so all of this holds trivially; with asynchronous CPU streams (core/device.h) the
+//    compute stream is an executor thread, and a loop computing on the host waits for it as
+//    above (the Python package does).
 //
 // Thread-safety: a Trainer is driven by one thread at a time (it runs its own background
 // threads internally); the thread makes the trainer's device current first
