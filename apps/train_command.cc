@@ -40,24 +40,6 @@ void SetCheckpointIdentity(const TrainFlags& flags, const DlrmLoopOptions& loop,
   }
 }
 
-// The one line a stopped job ends with: where it stopped and how to go on.
-absl::Status StoppedStatus(const OracleRoleStats& oracle, const CheckpointOptions& checkpoint) {
-  const char* signal = oracle.stop_signal == SIGINT    ? "SIGINT"
-                       : oracle.stop_signal == SIGTERM ? "SIGTERM"
-                       : oracle.stop_signal == SIGUSR1 ? "SIGUSR1"
-                                                       : "a stop request";
-  const CheckpointStats& saved = oracle.checkpoint;
-  if (saved.last.empty() && saved.resumed_from.empty()) {
-    return absl::CancelledError(absl::StrFormat(
-        "stopped by %s at iteration %d; nothing saved (%s)", signal, oracle.stopped_at,
-        checkpoint.dir.empty() ? "no --checkpoint-dir" : "no iteration ran"));
-  }
-  return absl::CancelledError(absl::StrFormat(
-      "stopped by %s at iteration %d; resume with --resume %s (checkpoint %s)", signal,
-      oracle.stopped_at, checkpoint.dir.empty() ? saved.resumed_from : checkpoint.dir,
-      saved.last.empty() ? saved.resumed_from : saved.last));
-}
-
 absl::Status RunTrain(TrainFlags flags) {
   RETURN_IF_ERROR(FinishTrainFlags(&flags));
   const JobConfig& config = flags.config;
@@ -151,7 +133,7 @@ absl::Status RunTrain(TrainFlags flags) {
                                    sink, &result));
   }
   if (!is_rank0) return absl::OkStatus();
-  if (result.oracle.stopped_at >= 0) return StoppedStatus(result.oracle, options.checkpoint);
+  if (result.oracle.stopped_at >= 0) return StoppedJobStatus(result.oracle, options.checkpoint);
   ASSIGN_OR_RETURN(const nlohmann::json summary,
                    recorder->Finish(result, data.description, mpi != nullptr));
 

@@ -21,7 +21,10 @@ With --trainers T the job runs T trainers as threads of this process (one Python
 Under mpirun every rank runs this script: rank 0 reads the data and plans, ranks 1..S serve the
 tables, the others train (`mpirun -np 4 python3 examples/dlrm_pytorch.py --servers 1 ...`).
 --model logreg swaps the DLRM for an embedding-only logistic regression (the runtime's own
-cost, as `bagpipe train --model logreg`).
+cost, as `bagpipe train --model logreg`). --checkpoint-dir/--checkpoint-every/--resume work as
+`bagpipe train`'s (the dense model and its optimizer are saved with torch.save); with them
+Ctrl-C or SIGTERM stops at an iteration boundary, writes a checkpoint and exits 75 with the
+line saying how to resume.
 """
 
 import sys
@@ -157,6 +160,12 @@ def train(trainer, config, flags, metrics):
     interval_fb = interval_opt = 0.0
     loss_sum, samples, iterations, interval_samples, interval_iterations = 0.0, 0, 0, 0, 0
     last_loss, global_samples = 0.0, 0
+    # Checkpoints (--checkpoint-dir, --resume) hold the dense model, its optimizer and the
+    # samples trained so far; a resumed job restores them here.
+    counters = {"global_samples": 0}
+    trainer.checkpoint_torch_state(model, optimizer, get=lambda: {"global_samples": global_samples},
+                                   set=counters.update)
+    global_samples = counters["global_samples"]
     start = interval_start = time.perf_counter()
 
     def runtime_seconds(stats_now, stats_then, phases):
@@ -253,7 +262,9 @@ def main(argv=None):
         description="Train a torch.nn DLRM through the Bagpipe runtime (bagpipe train's flags)")
     if config.deterministic:
         torch.set_num_threads(1)  # fixed reduction orders, as bagpipe train's single-thread BLAS
-    with bagpipe.Job(config) as job:
+    identity = {"model": flags["model"], "bottom": flags["bottom"], "top": flags["top"],
+                "dense optimizer": dict(config.dense_optimizer_config())}
+    with bagpipe.Job(config, checkpoint_identity=identity) as job:
         metrics = None
         if flags["metrics_out"] and any(t.id == 0 for t in job.trainers):
             metrics = bagpipe.MetricsWriter(flags["metrics_out"])
@@ -280,6 +291,9 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         main()
+    except bagpipe.Stopped as stopped:  # as bagpipe train: one line, exit 75 (EX_TEMPFAIL)
+        print(f"dlrm_pytorch.py: {stopped}", file=sys.stderr)
+        sys.exit(75)
     except bagpipe.Error as error:
         print(f"dlrm_pytorch.py: error: {error}", file=sys.stderr)
         sys.exit(1)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <limits>
 
@@ -357,6 +358,23 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream,
       BatchStream::Options{config.batch_size, config.iterations > 0 ? 0 : config.epochs, false});
   data.description = data.train->source().Describe();
   return data;
+}
+
+absl::Status StoppedJobStatus(const OracleRoleStats& oracle, const CheckpointOptions& checkpoint) {
+  const char* signal = oracle.stop_signal == SIGINT    ? "SIGINT"
+                       : oracle.stop_signal == SIGTERM ? "SIGTERM"
+                       : oracle.stop_signal == SIGUSR1 ? "SIGUSR1"
+                                                       : "a stop request";
+  const CheckpointStats& saved = oracle.checkpoint;
+  if (saved.last.empty() && saved.resumed_from.empty()) {
+    return absl::CancelledError(absl::StrFormat(
+        "stopped by %s at iteration %d; nothing saved (%s)", signal, oracle.stopped_at,
+        checkpoint.dir.empty() ? "no --checkpoint-dir" : "no iteration ran"));
+  }
+  return absl::CancelledError(absl::StrFormat(
+      "stopped by %s at iteration %d; resume with --resume %s (checkpoint %s)", signal,
+      oracle.stopped_at, checkpoint.dir.empty() ? saved.resumed_from : checkpoint.dir,
+      saved.last.empty() ? saved.resumed_from : saved.last));
 }
 
 }  // namespace bagpipe

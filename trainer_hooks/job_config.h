@@ -114,6 +114,10 @@ struct JobConfig {
 // calls it.
 absl::Status ValidateJobOptions(const JobOptions& options);
 
+// The one line a stopped job (JobResult::oracle.stopped_at >= 0) ends with: what stopped it,
+// at which iteration, and how to resume (--resume DIR and the checkpoint), as a Cancelled error.
+absl::Status StoppedJobStatus(const OracleRoleStats& oracle, const CheckpointOptions& checkpoint);
+
 // Default cache rows: a fifth of all rows, at least four local batches' worth of ids.
 int64_t DefaultCacheRows(const Schema& schema, int64_t batch_size, int trainers);
 

@@ -34,30 +34,38 @@ Device contract (the same as the C++ hooks', trainer_hooks/trainer.h):
     pooled embeddings are ready in stream order; with CUDA the trainer makes PyTorch's current
     stream (registered at every ``begin_iteration``) wait for them with an event, so ordinary
     PyTorch code after the call sees them ready.
-  * The runtime reads ``pooled_grad`` (``end_iteration``) and the ``all_reduce_`` tensor
-    asynchronously, in stream order. The caller keeps them alive and unmodified until the next
-    ``begin_iteration`` or ``flush`` returns; this package holds a reference to each until then,
-    so a tensor the caller drops is not freed early. With CUDA the compute stream first waits for
-    the work queued on PyTorch's stream, and PyTorch's stream then waits for the runtime's reads,
-    so the caching allocator cannot hand the memory out again before the runtime is done with it.
-  * On the CPU these orderings are no-ops: every call has finished its work when it returns.
+  * The runtime reads ``pooled_grad`` (``end_iteration``) and reads and writes the
+    ``all_reduce_`` tensor asynchronously, in stream order. This package holds a reference to
+    each until the next ``begin_iteration`` or ``flush`` returns, so a tensor the caller drops is
+    not freed early; the caller keeps them unmodified until then. With CUDA the compute stream
+    first waits for the work queued on PyTorch's stream, and PyTorch's stream then waits for the
+    runtime's accesses, so the caching allocator cannot hand the memory out again before the
+    runtime is done with it (no host synchronisation).
+  * On the CPU every call has finished its work when it returns (with the asynchronous CPU
+    streams of ``BAGPIPE_CPU_STREAMS``, this package waits for them before it returns).
 
 Errors: :class:`ConfigError` (options), :class:`UsageError` (calls out of order), :class:`JobError`
 (the job failed here, on another thread or on another rank, or was aborted), TypeError/ValueError
 (a tensor of the wrong dtype, shape, device or layout), KeyboardInterrupt (Ctrl-C: the job is
-aborted, every thread and rank stops).
+aborted, every thread and rank stops), :class:`Stopped` (from ``Job.finish``: the job stopped at
+an iteration boundary — ``Job.request_stop``, or with checkpoints configured the first Ctrl-C or
+SIGTERM in ``Job.run_trainers`` — and says where to resume).
+
+Checkpoints: ``Config(checkpoint_dir=..., checkpoint_every=..., resume=...)`` as ``bagpipe
+train``'s flags, with the loop's own state registered by ``Trainer.checkpoint_torch_state(model,
+optimizer)``; a resumed run ends with the parameters of an uninterrupted one.
 
 Tested with Debian's python3-torch 1.13 (CPU). Tensors cross through DLPack; libtorch is not
 linked, so one build serves any PyTorch with DLPack support.
 """
 
-from bagpipe.errors import ConfigError, Error, JobError, UsageError
+from bagpipe.errors import ConfigError, Error, JobError, Stopped, UsageError
 from bagpipe.job import (Batch, Config, Job, MetricsWriter, Schema, Trainer,
                          initial_embedding_weights, parse_train_args)
 from bagpipe.nn import EmbeddingBags
 
 __all__ = [
     "Batch", "Config", "ConfigError", "EmbeddingBags", "Error", "Job", "JobError",
-    "MetricsWriter", "Schema", "Trainer", "UsageError", "initial_embedding_weights",
+    "MetricsWriter", "Schema", "Stopped", "Trainer", "UsageError", "initial_embedding_weights",
     "parse_train_args",
 ]

@@ -22,3 +22,18 @@ class JobError(Error):
     """The job failed: on another thread or rank (a peer died or hung, bad data, an exception in
     another trainer's loop), or it was aborted (abort(), Ctrl-C). The message is the root cause,
     named by the rank where it happened. Every trainer's next call raises it too."""
+
+
+class Stopped(Error):
+    """The job stopped early at an iteration boundary (Job.request_stop, or Ctrl-C/SIGTERM in
+    Job.run_trainers with checkpoints configured) and wrote a checkpoint when a directory was
+    set; raised by Job.finish on rank 0 instead of returning a summary. ``iteration``: where it
+    stopped; ``checkpoint``: the checkpoint to resume from ("" when none); ``resume``: the
+    directory to pass as Config.resume (``--resume``); ``signal``: the signal number reported."""
+
+    def __init__(self, message, iteration=-1, checkpoint="", resume="", signal=0):
+        super().__init__(message)
+        self.iteration = iteration
+        self.checkpoint = checkpoint
+        self.resume = resume
+        self.signal = signal

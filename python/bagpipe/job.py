@@ -1,6 +1,7 @@
 """Jobs and trainers: the pull-style API a PyTorch training loop drives (see the package doc)."""
 
 import atexit
+import io
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ from torch.utils.dlpack import from_dlpack
 
 from bagpipe import _core
 from bagpipe import data as _data
-from bagpipe.errors import ConfigError, JobError, UsageError
+from bagpipe.errors import ConfigError, JobError, Stopped, UsageError
 
 Schema = _core.Schema
 
@@ -235,6 +236,42 @@ class Trainer:
             return np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(-1))
         self._core.complete(flat(dense), flat(predictions), flat(labels), json.dumps(info or {}))
 
+    def set_loop_state(self, save, restore):
+        """Makes checkpoints hold the loop's own state (the dense model, its optimizer, the loop's
+        counters: what the runtime does not hold). ``save()`` -> bytes runs on trainer 0 at each
+        checkpoint's iteration boundary (inside begin_iteration or flush); ``restore(bytes)``
+        runs on every trainer of a resumed job, inside this call. Call it before the first
+        begin_iteration; required when the job resumes from a checkpoint with loop state."""
+        self._core.set_loop_state(save, restore)
+
+    def checkpoint_torch_state(self, *objects, get=None, set=None):
+        """set_loop_state for objects with ``state_dict()``/``load_state_dict()`` (modules,
+        optimizers), saved with torch.save; ``get()`` -> picklable extra state (e.g. the loop's
+        counters) and ``set(extra)`` restore the rest. Every trainer holds the same dense
+        replica, so trainer 0's is saved and every trainer restores it."""
+        def save():
+            buffer = io.BytesIO()
+            torch.save({"objects": [o.state_dict() for o in objects],
+                        "extra": get() if get is not None else None}, buffer)
+            return buffer.getvalue()
+
+        def restore(data):
+            state = torch.load(io.BytesIO(data), map_location=self.device)
+            if len(state["objects"]) != len(objects):
+                raise ValueError(f"the checkpoint holds {len(state['objects'])} objects' state, "
+                                 f"this loop {len(objects)}")
+            for o, o_state in zip(objects, state["objects"]):
+                o.load_state_dict(o_state)
+            if set is not None:
+                set(state["extra"])
+        self.set_loop_state(save, restore)
+
+    @property
+    def first_iteration(self):
+        """The first iteration this job trains: 0, or the checkpoint's iteration when it resumed
+        (batch.iteration counts on from there). Waits for the job's start."""
+        return self._core.first_iteration()
+
     def stats(self):
         """The trainer's counters and phase times (seconds) so far, as a dict."""
         return json.loads(self._core.stats_json())
@@ -254,12 +291,14 @@ def _close_jobs_at_exit():
 
 
 class _InterruptWatch:
-    """Aborts the job when a SIGINT arrives while a call blocks in the runtime: Python's signal
-    handler only sets a flag that the blocked main thread would not see. signal.set_wakeup_fd
-    makes the handler also write the signal number to a socket this thread reads. The
-    KeyboardInterrupt is then raised on the main thread as usual."""
+    """Acts on a SIGINT (or a SIGTERM Python handles) while a call blocks in the runtime: Python's
+    signal handler only sets a flag that the blocked main thread would not see.
+    signal.set_wakeup_fd makes the handler also write the signal number to a socket this thread
+    reads; it then calls ``on_signal(signum)`` (the Job aborts, or stops at an iteration boundary
+    when checkpoints are configured). Python's own handler then runs on the main thread as
+    usual."""
 
-    def __init__(self, core):
+    def __init__(self, core, on_signal):
         self._active = False
         if threading.current_thread() is not threading.main_thread():
             return  # set_wakeup_fd works from the main thread only: Ctrl-C is left to Python
@@ -267,6 +306,7 @@ class _InterruptWatch:
         self._writer.setblocking(False)
         self._previous = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
         self._core = core
+        self._on_signal = on_signal
         self._active = True
         self._thread = threading.Thread(target=self._run, name="bagpipe-interrupt-watch",
                                         daemon=True)
@@ -285,8 +325,9 @@ class _InterruptWatch:
                     os.write(self._previous, received)  # the previous listener gets them too
                 except OSError:
                     pass
-            if signal.SIGINT in received:
-                self._core.abort("interrupted (SIGINT)")
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                if signum in received:
+                    self._on_signal(signum)
 
     def close(self):
         if not self._active:
@@ -316,10 +357,18 @@ class Job:
     ``eval_data``: held-out batches in the same form. The samples of the items are cut into
     global batches of ``config.batch_size``.
 
+    Checkpoints: ``config.checkpoint_dir``/``checkpoint_every``/``keep_checkpoints``/``resume``
+    as ``bagpipe train``'s flags; each trainer registers the loop's state
+    (Trainer.checkpoint_torch_state or set_loop_state) before its first iteration;
+    ``checkpoint_identity``: a dict of the loop's own options a resumed job must match (e.g. the
+    dense model's sizes). ``request_stop()`` — and, with checkpoints configured, the first Ctrl-C
+    or SIGTERM inside ``run_trainers`` — stops the job at an iteration boundary with a checkpoint;
+    ``finish()`` then raises Stopped saying where to resume. A second signal aborts.
+
     Use it as a context manager: leaving the block with an exception aborts the job (every
     thread and rank stops) and ``close()`` joins its threads."""
 
-    def __init__(self, config, data=None, schema=None, eval_data=None):
+    def __init__(self, config, data=None, schema=None, eval_data=None, checkpoint_identity=None):
         if not isinstance(config, _core.Config):
             raise TypeError(f"Job: config must be a bagpipe.Config, got {type(config).__name__}")
         normalize = None
@@ -328,13 +377,16 @@ class Job:
                 raise ConfigError("Job: data given as an iterable needs a schema "
                                   "(bagpipe.Schema(table_rows=[...], num_dense=...))")
             normalize = _data.Normalizer(schema.num_tables, schema.num_dense)
-        self._core = _core.Job(config, data, eval_data, normalize, schema)
+        self._core = _core.Job(config, data, eval_data, normalize, schema,
+                               json.dumps(checkpoint_identity or {}))
         self.config = self._core.config
         self.schema = self._core.schema
         self.trainers = [Trainer(t, self.schema.num_tables, self.schema.num_dense, self.config.dim)
                          for t in self._core.trainers()]
         self._finished = False
-        self._watch = _InterruptWatch(self._core)
+        self._signals = 0
+        self._signal_lock = threading.Lock()
+        self._watch = _InterruptWatch(self._core, self._on_signal)
         _live_jobs.add(self)
 
     rank = property(lambda self: self._core.rank, doc="This process's rank (0 when embedded).")
@@ -373,12 +425,15 @@ class Job:
 
         threads = [threading.Thread(target=body, args=(i,), name=f"bagpipe-trainer-{i}")
                    for i in range(1, len(self.trainers))]
+        previous = self._install_stop_handlers()
         for thread in threads:
             thread.start()
         try:
             if self.trainers:
                 body(0)
         finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
             for thread in threads:
                 while thread.is_alive():
                     try:
@@ -396,6 +451,43 @@ class Job:
         """Ends the job everywhere: every blocked or later call raises JobError(message)."""
         self._core.abort(str(message))
 
+    def request_stop(self, signum=signal.SIGINT):
+        """Stops the job at an iteration boundary, as SIGINT/SIGTERM stop ``bagpipe train``:
+        every rank agrees on the iteration (at most lookahead + plan queue + 2 after the
+        request), a checkpoint is written when config.checkpoint_dir is set, every trainer's
+        begin_iteration then returns None, and finish() raises Stopped. Thread-safe; from any
+        thread or a signal handler. ``signum``: the signal reported."""
+        self._core.request_stop(int(signum))
+
+    @property
+    def checkpoints(self):
+        """True when the job writes checkpoints (config.checkpoint_dir or config.resume)."""
+        return bool(self.config.checkpoint_dir or self.config.resume)
+
+    def _on_signal(self, signum):
+        with self._signal_lock:
+            self._signals += 1
+            graceful = self.checkpoints and self._signals == 1
+        if graceful:
+            self.request_stop(signum)
+        else:
+            self.abort(f"interrupted ({signal.Signals(signum).name})")
+
+    def _install_stop_handlers(self):
+        # With checkpoints, the first SIGINT/SIGTERM stops at an iteration boundary instead of
+        # raising KeyboardInterrupt in the loop (the watch thread requests the stop); a second
+        # one aborts the job. Main thread only (where Python runs handlers).
+        if not self.checkpoints or not self._watch._active:
+            return {}
+        previous = {}
+
+        def handler(signum, frame):
+            pass  # the interrupt watch acts on it (signal.set_wakeup_fd)
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, handler)
+        return previous
+
     def finish(self, out=None, summary_json=None, dump_params=None, model=None):
         """Waits for the job to end (after the trainers' threads are done). Rank 0 gathers every
         parameter into the fingerprint — and DIR/params.bin with ``dump_params`` — and returns
@@ -409,7 +501,12 @@ class Job:
         text = self._core.finish(str(summary_json or ""), str(dump_params or ""),
                                  json.dumps(model or {}))
         self._finished = True
-        return None if text is None else json.loads(text)
+        result = None if text is None else json.loads(text)
+        if result is not None and "stopped" in result:
+            stopped = result["stopped"]
+            raise Stopped(stopped["message"], stopped["iteration"], stopped["checkpoint"],
+                          stopped["resume"], stopped["signal"])
+        return result
 
     def close(self):
         """Aborts the job unless it finished, waits for calls in flight and joins its threads.

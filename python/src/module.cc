@@ -268,11 +268,13 @@ PYBIND11_MODULE(_core, m) {
       .def("flush", &PyTrainer::Flush)
       .def("complete", &PyTrainer::Complete)
       .def("stats_json", &PyTrainer::StatsJson)
-      .def("set_external_stream", &PyTrainer::SetExternalStream);
+      .def("set_external_stream", &PyTrainer::SetExternalStream)
+      .def("set_loop_state", &PyTrainer::SetLoopState, py::arg("save"), py::arg("restore"))
+      .def("first_iteration", &PyTrainer::FirstIteration);
 
   py::class_<JobCore, std::shared_ptr<JobCore>>(m, "Job")
       .def(py::init(&JobCore::Create), py::arg("config"), py::arg("data"), py::arg("eval_data"),
-           py::arg("normalize"), py::arg("schema"))
+           py::arg("normalize"), py::arg("schema"), py::arg("checkpoint_identity") = "{}")
       .def("trainers", &JobCore::trainers)
       .def_property_readonly("rank", &JobCore::rank)
       .def_property_readonly("world_size", &JobCore::world_size)
@@ -293,6 +295,7 @@ PYBIND11_MODULE(_core, m) {
                                return py::str(std::string(status.message()));
                              })
       .def("abort", &JobCore::Abort)
+      .def("request_stop", &JobCore::RequestStop, py::arg("signal"))
       .def("finish", &JobCore::Finish)
       .def("close", &JobCore::Close);
 

@@ -48,6 +48,12 @@ class TrainerCall {
                               "thread)"));
     }
     core_.Enter(what);
+    // The calling Python thread uses the trainer's device (CUDA: cudaSetDevice; asynchronous
+    // CPU streams: their check).
+    if (absl::Status status = trainer.MakeCurrent(); !status.ok()) {
+      core_.Leave();
+      RaiseError("JobError", absl::StrCat(what, ": ", status.message()));
+    }
   }
   ~TrainerCall() { core_.Leave(); }
 
@@ -60,18 +66,12 @@ class TrainerCall {
 
 std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object data,
                                          py::object eval_data, py::object normalize,
-                                         std::optional<Schema> schema) {
+                                         std::optional<Schema> schema,
+                                         const std::string& checkpoint_identity) {
   std::shared_ptr<JobCore> core(new JobCore());
   core->config_ = config;
   if (absl::Status status = config.Validate(); !status.ok()) {
     RaiseError("ConfigError", std::string(status.message()));
-  }
-  if (!config.checkpoint_dir.empty() || !config.resume.empty()) {
-    // The runtime saves the tables and the stream position; a checkpoint also needs the loop's
-    // dense model and optimizer (Trainer::SetLoopState), which this package does not hand over.
-    RaiseError("ConfigError",
-               "--checkpoint-dir/--resume: checkpoints of a Python loop are not supported (the "
-               "dense model's state is the loop's; save it with torch.save)");
   }
   MpiState& mpi = Mpi();
   core->mpirun_ = LaunchedByMpirun();
@@ -138,6 +138,19 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
       config.Resolve(data_schema, core->mpirun_ ? mpi.transport->size() : 0);
   if (!options.ok()) RaiseError("ConfigError", std::string(options.status().message()));
   core->options_ = *options;
+  // Checkpoints: the loop's own must-match options (the job adds its own), and stops requested
+  // from Python (request_stop: a signal handler, or the caller) polled by every role.
+  nlohmann::json identity = nlohmann::json::parse(checkpoint_identity, nullptr, false);
+  if (identity.is_discarded() || !identity.is_object()) {
+    RaiseError("ConfigError", "checkpoint_identity must be a dict of JSON values");
+  }
+  core->options_.checkpoint.identity = {{"loop", "python"},
+                                        {"--batch-size", config.batch_size},
+                                        {"--eval-fraction", config.eval_fraction},
+                                        {"model", std::move(identity)}};
+  core->options_.stop_requested = [raw = core.get()] {
+    return raw->stop_signal_.load(std::memory_order_relaxed);
+  };
   absl::StatusOr<std::unique_ptr<Job>> job;
   {
     py::gil_scoped_release release;
@@ -246,9 +259,28 @@ py::object JobCore::Finish(const std::string& summary_json, const std::string& d
   }
   if (!status.ok()) RaiseFailure(status, job_->aborted());
   if (rank_ != 0) return py::none();
+  if (result.oracle.stopped_at >= 0) {
+    // Stopped (request_stop): no parameters were gathered; say where to resume.
+    const CheckpointStats& saved = result.oracle.checkpoint;
+    return py::str(nlohmann::json{
+        {"stopped",
+         {{"iteration", result.oracle.stopped_at},
+          {"signal", result.oracle.stop_signal},
+          {"checkpoint", saved.last.empty() ? saved.resumed_from : saved.last},
+          {"resume", options_.checkpoint.dir},
+          {"message",
+           std::string(StoppedJobStatus(result.oracle, options_.checkpoint).message())}}}}
+                       .dump());
+  }
   absl::StatusOr<nlohmann::json> summary = recorder->Finish(result, description_, mpirun_);
   if (!summary.ok()) RaiseError("JobError", std::string(summary.status().message()));
   return py::str(summary->dump());
+}
+
+void JobCore::RequestStop(int signal) {
+  if (signal <= 0) RaiseError("UsageError", "request_stop: the signal number must be > 0");
+  int none = 0;
+  stop_signal_.compare_exchange_strong(none, signal, std::memory_order_relaxed);
 }
 
 void JobCore::Close() {
@@ -306,15 +338,39 @@ py::object PyTrainer::BatchTuple(int64_t global_batch_size) {
   float* labels = nullptr;
   py::capsule dense_capsule = pool_.Take({n, batch_.num_dense}, &dense);
   py::capsule labels_capsule = pool_.Take({n}, &labels);
-  absl::Status status =
-      context.CopyOnDevice(dense, batch_.dense, static_cast<size_t>(n) * batch_.num_dense * 4);
+  // A recycled buffer may still be read by the caller's earlier work on its stream.
+  absl::Status status = copy_order_->ComputeWaitsForExternal();
+  if (status.ok()) {
+    status =
+        context.CopyOnDevice(dense, batch_.dense, static_cast<size_t>(n) * batch_.num_dense * 4);
+  }
   if (status.ok()) {
     status = context.CopyOnDevice(labels, batch_.labels, static_cast<size_t>(n) * sizeof(float));
   }
   if (status.ok()) status = copy_order_->ExternalWaitsForCompute();
+  if (status.ok()) status = HostWaitsForCompute();
   if (!status.ok()) Raise(status);
   return py::make_tuple(batch_.iteration, batch_.num_samples, global_batch_size, dense_capsule,
                         labels_capsule);
+}
+
+absl::Status PyTrainer::HostWaitsForCompute() {
+  const DeviceContext& context = *trainer().context();
+  if (context.is_cuda() || !context.is_asynchronous()) return absl::OkStatus();
+  return context.Synchronize(Stream::kCompute);
+}
+
+void PyTrainer::ReleaseKept() {
+  if (kept_.empty()) return;
+  // CUDA: the caller's stream already waits for the runtime's accesses (SetExternalStream), and
+  // torch's allocator reuses the memory in that stream's order. The host frees CPU tensors now.
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = HostWaitsForCompute();
+  }
+  if (!status.ok()) Raise(status);
+  kept_.clear();
 }
 
 py::object PyTrainer::BeginIteration() {
@@ -324,8 +380,9 @@ py::object PyTrainer::BeginIteration() {
     py::gil_scoped_release release;
     more = trainer().BeginIteration(&batch_);
   }
+  started_ = true;
   if (!more.ok()) Raise(more.status());
-  kept_.clear();  // the runtime's reads of the previous iteration's buffers are done
+  ReleaseKept();
   has_batch_ = *more;
   if (!*more) return py::none();
   return BatchTuple(batch_.global_batch_size);
@@ -356,6 +413,7 @@ py::capsule PyTrainer::LookupPooled() {
   {
     py::gil_scoped_release release;
     status = trainer().LookupPooledInto(pooled);
+    if (status.ok()) status = HostWaitsForCompute();
   }
   if (!status.ok()) Raise(status);
   return capsule;
@@ -373,6 +431,7 @@ void PyTrainer::LookupPooledInto(py::handle pooled) {
   {
     py::gil_scoped_release release;
     status = trainer().LookupPooledInto(static_cast<float*>(view.data));
+    if (status.ok()) status = HostWaitsForCompute();
   }
   if (!status.ok()) Raise(status);
 }
@@ -418,7 +477,7 @@ void PyTrainer::Flush() {
     status = trainer().Flush();
   }
   if (!status.ok()) Raise(status);
-  kept_.clear();
+  ReleaseKept();
   has_batch_ = false;
 }
 
@@ -452,6 +511,71 @@ void PyTrainer::Complete(py::object dense, py::object predictions, py::object la
   }
   kept_.clear();
   if (!status.ok()) RaiseFailure(status, core_->aborted());
+}
+
+void PyTrainer::SetLoopState(py::object save, py::object restore) {
+  TrainerCall call(*this, busy_, *core_, "set_loop_state");
+  if (!PyCallable_Check(save.ptr()) || !PyCallable_Check(restore.ptr())) {
+    RaiseError("UsageError", "set_loop_state: save and restore must be callables");
+  }
+  if (started_) {
+    RaiseError("UsageError", "set_loop_state: call it before the first begin_iteration");
+  }
+  // Both run on this trainer's thread inside its calls (which released the GIL). An exception
+  // in them fails the checkpoint or the resume, and so the job, with its message.
+  auto run = [](const char* what, auto&& body) -> absl::Status {
+    py::gil_scoped_acquire acquire;
+    try {
+      body();
+      return absl::OkStatus();
+    } catch (py::error_already_set& error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the loop's ", what, " raised ", error.what()));
+    }
+  };
+  // The runtime copies and destroys its LoopState without the GIL: the callables are held
+  // through shared pointers whose deleter takes the GIL.
+  auto hold = [](py::object callable) {
+    return std::shared_ptr<py::object>(new py::object(std::move(callable)), [](py::object* o) {
+      if (!Py_IsInitialized()) return;  // the interpreter is gone: leave it
+      py::gil_scoped_acquire acquire;
+      delete o;
+    });
+  };
+  std::shared_ptr<py::object> save_fn = hold(std::move(save));
+  std::shared_ptr<py::object> restore_fn = hold(std::move(restore));
+  LoopState state;
+  state.save = [save_fn, run]() -> absl::StatusOr<std::string> {
+    std::string bytes;
+    RETURN_IF_ERROR(run("save", [&] {
+      py::object out = (*save_fn)();
+      if (!py::isinstance<py::bytes>(out)) {
+        throw py::type_error("set_loop_state: save() must return bytes");
+      }
+      bytes = out.cast<std::string>();
+    }));
+    return bytes;
+  };
+  state.restore = [restore_fn, run](std::string_view bytes) -> absl::Status {
+    return run("restore", [&] { (*restore_fn)(py::bytes(bytes.data(), bytes.size())); });
+  };
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = trainer().SetLoopState(std::move(state));
+  }
+  if (!status.ok()) Raise(status);
+}
+
+int64_t PyTrainer::FirstIteration() {
+  TrainerCall call(*this, busy_, *core_, "first_iteration");
+  absl::StatusOr<Iteration> first;
+  {
+    py::gil_scoped_release release;
+    first = trainer().FirstIteration();
+  }
+  if (!first.ok()) Raise(first.status());
+  return *first;
 }
 
 std::string PyTrainer::StatsJson() {

@@ -14,6 +14,8 @@
 #ifndef BAGPIPE_PYTHON_SRC_PY_JOB_H_
 #define BAGPIPE_PYTHON_SRC_PY_JOB_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -45,7 +47,8 @@ class JobCore : public std::enable_shared_from_this<JobCore> {
   // job: embedded, or this rank's part when launched by mpirun.
   static std::shared_ptr<JobCore> Create(const JobConfig& config, pybind11::object data,
                                          pybind11::object eval_data, pybind11::object normalize,
-                                         std::optional<Schema> schema);
+                                         std::optional<Schema> schema,
+                                         const std::string& checkpoint_identity);
   ~JobCore();
 
   // The local trainers (the same objects while Python holds them; they keep the core alive).
@@ -58,12 +61,18 @@ class JobCore : public std::enable_shared_from_this<JobCore> {
   const Schema& schema() const { return options_.oracle.planner.schema; }
   const std::string& description() const { return description_; }
 
+  // Asks the job to stop at an iteration boundary (as SIGINT/SIGTERM do for bagpipe train):
+  // every role agrees on the iteration, a checkpoint is written when a directory is set, the
+  // trainers' begin_iteration then returns None and Finish reports the stop. `signal`: the
+  // signal number reported (> 0); the first request counts.
+  void RequestStop(int signal);
   // Aborts the job (every blocked call everywhere returns JobError(message)).
   void Abort(const std::string& message);
   // The job's abort status.
   absl::Status aborted() const;
   // Ends the job (Job::Finish); at rank 0 writes params.bin/summary.json as asked and returns
-  // the summary as JSON text, elsewhere None.
+  // the summary as JSON text, elsewhere None; a stopped job's rank 0 returns
+  // {"stopped": {iteration, signal, checkpoint, resume, message}} instead.
   pybind11::object Finish(const std::string& summary_json, const std::string& dump_params,
                           const std::string& model_json);
   // Aborts an unfinished job, waits for trainer calls in flight, joins the job's threads.
@@ -85,6 +94,7 @@ class JobCore : public std::enable_shared_from_this<JobCore> {
   int rank_ = 0;
   std::unique_ptr<Job> job_;
   std::vector<std::weak_ptr<PyTrainer>> trainers_;
+  std::atomic<int> stop_signal_{0};  // RequestStop's signal; polled by the job's roles
   // Guards the state below; calls in flight are counted so Close can wait for them.
   mutable absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
@@ -124,12 +134,25 @@ class PyTrainer {
                 const std::string& info_json);
   std::string StatsJson();
   void SetExternalStream(uintptr_t stream);
+  // Makes the trainer's device current on the calling thread (every call does it first).
+  absl::Status MakeCurrent() { return trainer().context()->MakeCurrent(); }
+  // Trainer::SetLoopState with Python callables: save() -> bytes (trainer 0, at each
+  // checkpoint's iteration boundary, inside begin_iteration), restore(bytes) (every trainer of a
+  // resumed job, inside this call). Before the first begin_iteration.
+  void SetLoopState(pybind11::object save, pybind11::object restore);
+  // Trainer::FirstIteration: 0, or the resumed checkpoint's iteration.
+  int64_t FirstIteration();
 
  private:
   friend class TrainerCall;
   Trainer& trainer() { return core_->job().trainer(local_); }
   // Fails the job for a runtime failure of this trainer (not for misuse) and raises.
   [[noreturn]] void Raise(const absl::Status& status);
+  // Asynchronous CPU streams (core/device.h): the host, where the Python loop computes, waits
+  // for the compute stream. Otherwise nothing (CUDA orders the caller's stream by events).
+  absl::Status HostWaitsForCompute();
+  // Drops kept_ once the runtime's accesses to those buffers are ordered before their reuse.
+  void ReleaseKept();
   // (iteration, n, global, dense, labels) of batch_ with copies of its dense features and labels.
   pybind11::object BatchTuple(int64_t global_batch_size);
 
@@ -142,6 +165,7 @@ class PyTrainer {
   const std::string device_;
   LocalBatch batch_;
   bool has_batch_ = false;
+  bool started_ = false;  // begin_iteration was called
   // Caller buffers the runtime may still read (device contract), released after the next
   // BeginIteration or Flush returns.
   std::vector<pybind11::object> kept_;

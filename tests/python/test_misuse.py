@@ -159,8 +159,6 @@ def test_options_that_contradict_each_other_are_config_errors():
         bagpipe.Job(small_config(), data=[])
     with pytest.raises(bagpipe.ConfigError, match="data given twice"):
         bagpipe.Job(small_config(), data=[], schema=bagpipe.Schema([5]))
-    with pytest.raises(bagpipe.ConfigError, match="checkpoints of a Python loop"):
-        bagpipe.Job(small_config(checkpoint_dir="/tmp/nowhere"))
     with pytest.raises(bagpipe.ConfigError, match="goes with data from an iterable"):
         bagpipe.Job(small_config(), schema=bagpipe.Schema([5]))
     config, flags = bagpipe.parse_train_args(["--cache", "lru", "--dense-lr", "0", "--trainers",

@@ -1,0 +1,126 @@
+"""Checkpoints of a PyTorch loop: a job stopped at an iteration boundary (Job.request_stop, or
+Ctrl-C inside run_trainers) writes a checkpoint, and the job resumed from it ends with the
+parameters of an uninterrupted run, bit for bit (deterministic), for oracle with 1 trainer and
+lru with 2; each part really trained (iterations > 0, adding up to the whole run) and the
+checkpoint's files exist. A resume whose loop registers no state, or whose loop options differ,
+is refused with a clear error."""
+
+import os
+import signal
+
+import pytest
+import torch
+
+import bagpipe
+
+DATA = "synthetic:samples=40000,tables=4,scale=0.0005,seed=7"
+ITERATIONS = 30
+
+
+def make_config(cache, trainers, **options):
+    settings = dict(data=DATA, batch_size=128, iterations=ITERATIONS, cache=cache,
+                    cache_rows=1500, lookahead=4, plan_queue_depth=2, dim=4,
+                    optimizer="adagrad", lr=0.05, trainers=trainers, deterministic=True,
+                    seed=3, peer_timeout=60)
+    settings.update(options)
+    return bagpipe.Config(**settings)
+
+
+def train(trainer, job, stop_at=None, signal_at=None, register=True):
+    """An embedding-bag + linear head loop with Adagrad; returns (iterations run here, the
+    first iteration). Trainer 0 asks for the stop at iteration `stop_at` (or sends itself a
+    SIGINT at `signal_at`)."""
+    tables = bagpipe.EmbeddingBags(trainer)
+    inputs = trainer.num_tables * trainer.dim + trainer.num_dense
+    head = torch.nn.Linear(inputs, 1)
+    with torch.no_grad():  # the same start on every trainer, without the global RNG
+        head.weight.copy_(torch.linspace(-0.1, 0.1, inputs).view(1, -1))
+        head.bias.zero_()
+    optimizer = torch.optim.Adagrad(head.parameters(), lr=0.05, eps=1e-10)
+    counters = {"samples": 0}
+    if register:
+        trainer.checkpoint_torch_state(head, optimizer, get=lambda: dict(counters),
+                                       set=counters.update)
+    steps = 0
+    for batch in trainer:
+        if trainer.id == 0 and batch.iteration == stop_at:
+            job.request_stop()
+        if trainer.id == 0 and batch.iteration == signal_at:
+            os.kill(os.getpid(), signal.SIGINT)
+        x = torch.cat([tables(batch).flatten(1), batch.dense], dim=1)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(
+            head(x).squeeze(1), batch.labels, reduction="sum") / batch.global_batch_size
+        optimizer.zero_grad()
+        loss.backward()
+        trainer.all_reduce_gradients(head.parameters())
+        optimizer.step()
+        counters["samples"] += batch.num_samples
+        steps += 1
+    trainer.flush()
+    trainer.complete(dense=list(head.parameters()))
+    return steps, trainer.first_iteration
+
+
+def run(config, tmp, name, identity=None, **loop):
+    """Runs a job to its end: (summary, per-trainer (steps, first iteration))."""
+    with bagpipe.Job(config, checkpoint_identity=identity or {"head": "linear"}) as job:
+        results = job.run_trainers(train, job, **loop)
+        summary = job.finish(out=str(tmp / name))
+    return summary, results
+
+
+def run_stopped(config, **loop):
+    """Runs a job that stops early: (the Stopped error, per-trainer results)."""
+    with bagpipe.Job(config, checkpoint_identity={"head": "linear"}) as job:
+        results = job.run_trainers(train, job, **loop)
+        with pytest.raises(bagpipe.Stopped) as stopped:
+            job.finish()
+    return stopped.value, results
+
+
+@pytest.mark.parametrize("cache,trainers", [("oracle", 1), ("lru", 2)])
+def test_stopped_and_resumed_equals_uninterrupted(tmp_path, cache, trainers):
+    torch.set_num_threads(1)
+    whole, whole_results = run(make_config(cache, trainers), tmp_path, "whole")
+    assert [steps for steps, _ in whole_results] == [ITERATIONS] * trainers
+    assert whole["hit_rate"] > 0  # the cache served rows
+
+    checkpoints = tmp_path / "ckpt"
+    stopped, first_results = run_stopped(
+        make_config(cache, trainers, checkpoint_dir=str(checkpoints)), stop_at=3)
+    assert 3 <= stopped.iteration < ITERATIONS, stopped
+    assert stopped.resume == str(checkpoints) and "--resume" in str(stopped)
+    assert os.path.isdir(stopped.checkpoint) and os.listdir(stopped.checkpoint), stopped
+    first_steps = [steps for steps, _ in first_results]
+    assert first_steps == [stopped.iteration] * trainers  # every trainer ran up to the cut
+
+    resumed, resumed_results = run(make_config(cache, trainers, resume=str(checkpoints)),
+                                   tmp_path, "resumed")
+    for steps, first in resumed_results:
+        assert first == stopped.iteration
+        assert steps == ITERATIONS - stopped.iteration > 0
+    assert resumed["params_sha256"] == whole["params_sha256"]
+
+
+def test_ctrl_c_in_run_trainers_stops_at_a_boundary_with_a_checkpoint(tmp_path):
+    checkpoints = tmp_path / "ckpt"
+    before = signal.getsignal(signal.SIGINT)
+    stopped, results = run_stopped(make_config("oracle", 1, checkpoint_dir=str(checkpoints)),
+                                   signal_at=2)
+    assert stopped.signal == signal.SIGINT and "SIGINT" in str(stopped)
+    assert 2 <= stopped.iteration < ITERATIONS and results[0][0] == stopped.iteration
+    assert os.path.isdir(stopped.checkpoint)
+    assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is back
+
+
+def test_resume_refusals_are_clear(tmp_path):
+    checkpoints = tmp_path / "ckpt"
+    run_stopped(make_config("oracle", 1, checkpoint_dir=str(checkpoints)), stop_at=2)
+    # The loop's options differ.
+    with pytest.raises(bagpipe.Error, match="mlp"):
+        run(make_config("oracle", 1, resume=str(checkpoints)), tmp_path, "other",
+            identity={"head": "mlp"})
+    # The loop registers no state to restore.
+    with pytest.raises(bagpipe.Error, match="SetLoopState"):
+        run(make_config("oracle", 1, resume=str(checkpoints)), tmp_path, "none",
+            register=False)
