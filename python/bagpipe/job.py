@@ -465,6 +465,8 @@ class Job:
         return bool(self.config.checkpoint_dir or self.config.resume)
 
     def _on_signal(self, signum):
+        if not self.checkpoints and signum != signal.SIGINT:
+            return  # a SIGTERM handler of the caller's: not ours to act on
         with self._signal_lock:
             self._signals += 1
             graceful = self.checkpoints and self._signals == 1
