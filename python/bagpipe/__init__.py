@@ -7,7 +7,7 @@ trainer's cache holds; the results are those of plain synchronous training (bit 
 owns except the oracle, the servers and the prefetchers)::
 
     import bagpipe, torch
-    config = bagpipe.Config(data="synthetic:samples=100000,tables=8", batch_size=1024,
+    config = bagpipe.Config(data="synthetic:samples=100000,tables=8,scale=0.01", batch_size=1024,
                             cache="oracle", dim=16, optimizer="adagrad", lr=0.01, eps=1e-10)
     with bagpipe.Job(config) as job:                  # starts the oracle and the servers
         def train(trainer):                           # one thread per local trainer
