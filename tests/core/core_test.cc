@@ -8,6 +8,7 @@
 
 #include "core/checks.h"
 #include "core/device.h"
+#include "core/excerpt.h"
 #include "core/metrics.h"
 #include "core/optimizer.h"
 #include "core/random.h"
@@ -46,6 +47,21 @@ TEST(StatusTest, MacrosPropagateErrorsAndAssignValues) {
   EXPECT_TRUE(absl::IsNotFound(UsesMacros(false, true, &out)));
   EXPECT_EQ(Annotate(absl::NotFoundError("x"), "reading plan 3").message(), "reading plan 3: x");
   EXPECT_TRUE(Annotate(absl::OkStatus(), "ctx").ok());
+}
+
+TEST(ExcerptTest, ShortEscapedAndCut) {
+  EXPECT_EQ(Excerpt("abc"), "abc");
+  // Control characters, a NUL, quotes and a UTF-8 byte order mark are all visible.
+  EXPECT_EQ(Excerpt(std::string("a\r\0'\xEF\xBB\xBF", 7)), "a\\r\\x00\\'\\xef\\xbb\\xbf");
+  // A 10 MB field becomes its first bytes and its length.
+  const std::string huge(10'000'000, 'x');
+  const std::string cut = Excerpt(huge);
+  EXPECT_EQ(cut, std::string(kExcerptBytes, 'x') + "... (10000000 bytes)");
+  EXPECT_EQ(Excerpt("abcdef", 3), "abc... (6 bytes)");
+  // The result is printable ASCII however hostile the input.
+  std::string all;
+  for (int c = 0; c < 256; ++c) all.push_back(static_cast<char>(c));
+  for (char c : Excerpt(all, 256)) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << static_cast<int>(c);
 }
 
 TEST(ChecksTest, MpiErrorsNameTheCallAndLocation) {
