@@ -30,10 +30,19 @@ struct Batch {
   // Empties the batch and sets its shape (offsets = {0}).
   void Reset(int32_t dense_columns, int32_t tables);
   int64_t num_ids() const { return offsets.empty() ? 0 : offsets.back(); }
-  int64_t bag_begin(int table, int sample) const { return offsets[table * num_samples + sample]; }
-  int64_t bag_end(int table, int sample) const { return offsets[table * num_samples + sample + 1]; }
+  // Index into `offsets` of the bag of (table, sample), in 64 bits: tables * samples may exceed
+  // the int range (26 tables of 100M samples).
+  static int64_t BagIndex(int table, int64_t sample, int64_t num_samples) {
+    return static_cast<int64_t>(table) * num_samples + sample;
+  }
+  int64_t bag_begin(int table, int sample) const {
+    return offsets[BagIndex(table, sample, num_samples)];
+  }
+  int64_t bag_end(int table, int sample) const {
+    return offsets[BagIndex(table, sample, num_samples) + 1];
+  }
   // Ids of table t for all samples: ids[table_begin(t) .. table_begin(t + 1)).
-  int64_t table_begin(int table) const { return offsets[table * num_samples]; }
+  int64_t table_begin(int table) const { return offsets[BagIndex(table, 0, num_samples)]; }
 
   // Samples [begin, end) as a new batch (first_sample adjusted). REQUIRES: begin <= end <=
   // num_samples.
