@@ -13,7 +13,8 @@ Subcommand AddConvertCommand(CLI::App& root) {
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* app = root.add_subcommand(
-      "convert", "Convert a data source to the binary columnar format (mmap-able, checksummed)");
+      "convert",
+      "Convert a data source to the binary columnar format (checksummed, validated on read)");
   AddDataFlags(app, &flags->data);
   app->add_option("--out,-o", flags->out, "output file (written atomically)")->required();
   app->footer(kDataHelp);

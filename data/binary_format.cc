@@ -1,16 +1,19 @@
 #include "data/binary_format.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -18,6 +21,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/checked_math.h"
+#include "core/excerpt.h"
+#include "core/json_fields.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "core/timer.h"
 #include "xxhash.h"
@@ -25,209 +32,424 @@
 namespace bagpipe {
 namespace {
 
-static_assert(std::endian::native == std::endian::little,
-              "the binary format is little-endian and read by mapping it");
+static_assert(std::endian::native == std::endian::little, "the binary format is little-endian");
 
 constexpr char kMagic[8] = {'B', 'A', 'G', 'P', 'I', 'P', 'E', '1'};
-constexpr uint32_t kVersion = 1;
-// Fixed prefix: magic, uint32 version, uint32 reserved (0), uint64 header JSON length.
-constexpr size_t kPrefixBytes = 24;
+constexpr uint32_t kVersion = 2;
+// Version 2 prefix: magic, uint32 version, uint32 reserved (0), uint64 header JSON length,
+// uint64 body length, uint64 body checksum, uint64 header checksum.
+constexpr int64_t kPrefixBytes = 48;
+// The header checksum covers the prefix up to itself, then the header JSON.
+constexpr int64_t kHeaderChecksumAt = 40;
+// Version 1 prefix: magic, uint32 version, uint32 reserved, uint64 header JSON length.
+constexpr int64_t kPrefixBytesV1 = 24;
+// A header lists names and section offsets: far below this even for thousands of tables. A
+// larger length is damage, and must not become an allocation.
+constexpr int64_t kMaxHeaderBytes = int64_t{64} << 20;
 constexpr int64_t kReadBlock = 1 << 16;
+constexpr size_t kCopyBlock = size_t{4} << 20;
 
 int64_t Align8(int64_t n) { return (n + 7) & ~int64_t{7}; }
 
-std::string ErrnoText() { return std::strerror(errno); }
+std::string ErrnoText(int error) { return std::strerror(error); }
 
-// An append-only file with a running byte count.
+// Reads exactly `bytes` bytes at `offset` of `fd`. A short read means the file ended early:
+// it was truncated, or shrank after it was opened.
+absl::Status ReadAt(int fd, int64_t offset, void* out, size_t bytes, const std::string& path,
+                    const char* what) {
+  char* p = static_cast<char*>(out);
+  while (bytes > 0) {
+    const ssize_t got = pread(fd, p, bytes, offset);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return absl::DataLossError(absl::StrCat("bin: cannot read '", path, "' at byte ", offset,
+                                              " (", what, "): ", ErrnoText(errno)));
+    }
+    if (got == 0) {
+      return absl::DataLossError(absl::StrCat("bin: '", path, "' ends at byte ", offset,
+                                              " inside the ", what,
+                                              ": the file was truncated or shrank while it was "
+                                              "being read"));
+    }
+    p += got;
+    offset += got;
+    bytes -= static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+// Writes exactly `bytes` bytes at `offset` of `fd`.
+absl::Status WriteAt(int fd, int64_t offset, const void* data, size_t bytes,
+                     const std::string& what) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t put = pwrite(fd, p, bytes, offset);
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      return absl::DataLossError(absl::StrCat("cannot write ", what, ": ", ErrnoText(errno)));
+    }
+    p += put;
+    offset += put;
+    bytes -= static_cast<size_t>(put);
+  }
+  return absl::OkStatus();
+}
+
+// XXH3-64 fed in pieces.
+class Xxh3 {
+ public:
+  Xxh3() : state_(XXH3_createState()) { XXH3_64bits_reset(state_); }
+  ~Xxh3() { XXH3_freeState(state_); }
+  Xxh3(const Xxh3&) = delete;
+  Xxh3& operator=(const Xxh3&) = delete;
+  void Update(const void* data, size_t bytes) { XXH3_64bits_update(state_, data, bytes); }
+  uint64_t Digest() const { return XXH3_64bits_digest(state_); }
+
+ private:
+  XXH3_state_t* state_;
+};
+
+// A file descriptor closed on destruction.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  ~Fd() { Reset(); }
+  int get() const { return fd_; }
+  void Reset() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Writing.
+
+// The directory a new file at `path` goes to.
+std::string DirectoryOf(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  return parent.empty() ? std::string(".") : parent.string();
+}
+
+// An unnamed file in `dir` that disappears with the process: O_TMPFILE, or where the file system
+// lacks it, a named file unlinked right after it is created.
+absl::StatusOr<Fd> CreateUnnamedFile(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0666);
+  if (fd >= 0) return Fd(fd);
+  if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot create a temporary file in '", dir, "': ", ErrnoText(errno)));
+  }
+  std::string name = (std::filesystem::path(dir) / ".bagpipe-spill-XXXXXX").string();
+  const int named = mkostemp(name.data(), O_CLOEXEC);
+  if (named < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot create a temporary file in '", dir, "': ", ErrnoText(errno)));
+  }
+  unlink(name.c_str());
+  return Fd(named);
+}
+
+// A file written sequentially through a buffer, with a running size.
 class OutFile {
  public:
-  ~OutFile() {
-    if (file_ != nullptr) std::fclose(file_);
-  }
-  absl::Status Open(const std::string& path) {
-    path_ = path;
-    file_ = std::fopen(path.c_str(), "wb");
-    if (file_ == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot create '", path, "': ", ErrnoText()));
-    }
-    return absl::OkStatus();
+  OutFile() = default;
+  OutFile(Fd fd, std::string what) : fd_(std::move(fd)), what_(std::move(what)) {
+    buffer_.reserve(kBufferBytes);
   }
   absl::Status Write(const void* data, size_t bytes) {
-    if (bytes > 0 && std::fwrite(data, 1, bytes, file_) != bytes) {
-      return absl::DataLossError(absl::StrCat("cannot write '", path_, "': ", ErrnoText()));
+    const char* p = static_cast<const char*>(data);
+    if (buffer_.size() + bytes > kBufferBytes) RETURN_IF_ERROR(Flush());
+    if (bytes >= kBufferBytes) {
+      RETURN_IF_ERROR(WriteAt(fd_.get(), size_, p, bytes, what_));
+    } else {
+      buffer_.insert(buffer_.end(), p, p + bytes);
     }
     size_ += static_cast<int64_t>(bytes);
     return absl::OkStatus();
   }
-  absl::Status Close() {
-    const bool flushed = std::fflush(file_) == 0 && fsync(fileno(file_)) == 0;
-    const bool closed = std::fclose(file_) == 0;
-    file_ = nullptr;
-    if (!flushed || !closed) {
-      return absl::DataLossError(absl::StrCat("cannot write '", path_, "': ", ErrnoText()));
-    }
-    return absl::OkStatus();
-  }
-  // Replaces bytes already written at `offset` (the size is unchanged).
-  absl::Status Overwrite(int64_t offset, const std::string& bytes) {
-    if (std::fflush(file_) != 0 || std::fseek(file_, offset, SEEK_SET) != 0 ||
-        std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size() ||
-        std::fseek(file_, 0, SEEK_END) != 0) {
-      return absl::DataLossError(absl::StrCat("cannot write '", path_, "': ", ErrnoText()));
-    }
+  absl::Status Flush() {
+    const int64_t at = size_ - static_cast<int64_t>(buffer_.size());
+    RETURN_IF_ERROR(WriteAt(fd_.get(), at, buffer_.data(), buffer_.size(), what_));
+    buffer_.clear();
     return absl::OkStatus();
   }
   int64_t size() const { return size_; }
+  int fd() const { return fd_.get(); }
+  const std::string& what() const { return what_; }
 
  private:
-  std::string path_;
-  std::FILE* file_ = nullptr;
+  static constexpr size_t kBufferBytes = size_t{1} << 20;
+  Fd fd_;
+  std::string what_;
+  std::vector<char> buffer_;
   int64_t size_ = 0;
 };
 
-// Removes the listed files when it goes out of scope (spill files, a failed output).
-class FileCleanup {
+// The output file: unnamed until Publish links it to its path.
+class Output {
  public:
-  ~FileCleanup() {
-    for (const std::string& path : paths_) std::remove(path.c_str());
+  // Opens an unnamed file beside `path`. Fails at once if `path` is a directory or its directory
+  // cannot hold a new file (before any input is read).
+  absl::Status Open(const std::string& path) {
+    path_ = path;
+    std::error_code error;
+    if (std::filesystem::is_directory(path, error)) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot write '", path, "': a directory"));
+    }
+    const std::string dir = DirectoryOf(path);
+    const int fd = open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+      file_ = OutFile(Fd(fd), absl::StrCat("'", path, "'"));
+      return absl::OkStatus();
+    }
+    if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot create '", path, "': ", ErrnoText(errno)));
+    }
+    // No O_TMPFILE here: a named temporary, removed on failure.
+    temp_ = absl::StrCat(path, ".tmp.", getpid());
+    const int named = open(temp_.c_str(), O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0666);
+    if (named < 0) {
+      const int saved = errno;
+      temp_.clear();
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot create '", path, "': ", ErrnoText(saved)));
+    }
+    file_ = OutFile(Fd(named), absl::StrCat("'", path, "'"));
+    return absl::OkStatus();
   }
-  void Add(std::string path) { paths_.push_back(std::move(path)); }
-  void Release(const std::string& path) { std::erase(paths_, path); }
+  ~Output() {
+    if (!temp_.empty()) unlink(temp_.c_str());
+  }
+  OutFile& file() { return file_; }
+
+  // Flushes, syncs and gives the file its name, replacing an existing file atomically.
+  absl::Status Publish() {
+    RETURN_IF_ERROR(file_.Flush());
+    if (fsync(file_.fd()) != 0) {
+      return absl::DataLossError(absl::StrCat("cannot write '", path_, "': ", ErrnoText(errno)));
+    }
+    if (!temp_.empty()) return Rename(temp_);
+    const std::string self = absl::StrCat("/proc/self/fd/", file_.fd());
+    auto link = [&](const std::string& to) {
+      if (linkat(AT_FDCWD, self.c_str(), AT_FDCWD, to.c_str(), AT_SYMLINK_FOLLOW) == 0) return 0;
+      // Without /proc: linking a descriptor needs CAP_DAC_READ_SEARCH.
+      if (errno == ENOENT && linkat(file_.fd(), "", AT_FDCWD, to.c_str(), AT_EMPTY_PATH) == 0) {
+        return 0;
+      }
+      return errno;
+    };
+    int error = link(path_);
+    if (error == 0) return absl::OkStatus();
+    if (error != EEXIST) {
+      return absl::DataLossError(absl::StrCat("cannot create '", path_, "': ", ErrnoText(error)));
+    }
+    // The output exists: link under a temporary name, then rename over it (atomic).
+    temp_ = absl::StrCat(path_, ".tmp.", getpid());
+    unlink(temp_.c_str());
+    error = link(temp_);
+    if (error != 0) {
+      temp_.clear();
+      return absl::DataLossError(absl::StrCat("cannot create '", path_, "': ", ErrnoText(error)));
+    }
+    return Rename(temp_);
+  }
 
  private:
-  std::vector<std::string> paths_;
+  absl::Status Rename(const std::string& from) {
+    if (std::rename(from.c_str(), path_.c_str()) != 0) {
+      return absl::DataLossError(
+          absl::StrCat("cannot rename '", from, "' to '", path_, "': ", ErrnoText(errno)));
+    }
+    temp_.clear();
+    return absl::OkStatus();
+  }
+
+  std::string path_;
+  std::string temp_;  // a named temporary to remove on failure; empty when unnamed
+  OutFile file_;
 };
+
+// Copies the spill `in` onto `out`, feeding the checksum; with `narrow` the spill holds int64
+// ids that are written as uint32.
+absl::Status AppendSpill(OutFile& in, bool narrow, OutFile& out, Xxh3* checksum) {
+  RETURN_IF_ERROR(in.Flush());
+  std::vector<int64_t> buffer(kCopyBlock / 8);
+  std::vector<uint32_t> small(narrow ? buffer.size() : 0);
+  for (int64_t at = 0; at < in.size();) {
+    const size_t bytes = static_cast<size_t>(std::min<int64_t>(in.size() - at, kCopyBlock));
+    RETURN_IF_ERROR(ReadAt(in.fd(), at, buffer.data(), bytes, in.what(), "spill file"));
+    at += static_cast<int64_t>(bytes);
+    const void* data = buffer.data();
+    size_t put = bytes;
+    if (narrow) {
+      for (size_t k = 0; k < bytes / 8; ++k) small[k] = static_cast<uint32_t>(buffer[k]);
+      data = small.data();
+      put = bytes / 2;
+    }
+    checksum->Update(data, put);
+    RETURN_IF_ERROR(out.Write(data, put));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Pad8(OutFile& out, Xxh3* checksum) {
+  static const char kZeros[8] = {};
+  const size_t pad = static_cast<size_t>(Align8(out.size()) - out.size());
+  if (checksum != nullptr) checksum->Update(kZeros, pad);
+  return out.Write(kZeros, pad);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading.
 
 struct TableSection {
   int64_t offsets = 0;  // body offset of int64[n + 1]
   int64_t ids = 0;      // body offset of the ids
   int id_bytes = 8;     // 4 (uint32) or 8 (int64)
+  int64_t num_ids = 0;  // offsets[n]
 };
+
+bool IsFinite(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  return (bits & 0x7f800000u) != 0x7f800000u;
+}
 
 class BinarySource final : public SampleSource {
  public:
   BinarySource(std::string path, const SourceOptions& options)
       : path_(std::move(path)), options_(options) {}
-  ~BinarySource() override {
-    if (map_ != nullptr) munmap(map_, size_);
-  }
 
   absl::Status Init() {
-    const int fd = open(path_.c_str(), O_RDONLY);
+    const int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-      const std::string message = absl::StrCat("bin: cannot open '", path_, "': ", ErrnoText());
-      if (errno == ENOENT) return absl::NotFoundError(message);
+      const int error = errno;
+      const std::string message =
+          absl::StrCat("bin: cannot open '", path_, "': ", ErrnoText(error));
+      if (error == ENOENT) return absl::NotFoundError(message);
       return absl::InvalidArgumentError(message);
     }
+    fd_ = Fd(fd);
     struct stat st;
     if (fstat(fd, &st) != 0) {
-      close(fd);
-      return absl::DataLossError(absl::StrCat("bin: cannot stat '", path_, "': ", ErrnoText()));
+      return absl::DataLossError(
+          absl::StrCat("bin: cannot stat '", path_, "': ", ErrnoText(errno)));
     }
-    size_ = static_cast<size_t>(st.st_size);
-    if (size_ < kPrefixBytes) {
-      close(fd);
+    if (!S_ISREG(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bin: '", path_, "' is ", S_ISDIR(st.st_mode) ? "a directory" : "not a regular file",
+          " (expected a file written by bagpipe convert)"));
+    }
+    size_ = st.st_size;
+    if (size_ < kPrefixBytesV1) {
       return absl::DataLossError(absl::StrCat("bin: '", path_, "' is truncated: ", size_,
-                                              " bytes, shorter than the ", kPrefixBytes,
-                                              "-byte header"));
+                                              " bytes, shorter than the header"));
     }
-    map_ = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (map_ == MAP_FAILED) {
-      map_ = nullptr;
-      return absl::DataLossError(absl::StrCat("bin: cannot map '", path_, "': ", ErrnoText()));
-    }
-    const char* data = static_cast<const char*>(map_);
-    if (std::memcmp(data, kMagic, sizeof(kMagic)) != 0) {
+    char prefix[kPrefixBytes] = {};
+    RETURN_IF_ERROR(
+        ReadAt(fd, 0, prefix, static_cast<size_t>(std::min(size_, kPrefixBytes)), path_, "header"));
+    if (std::memcmp(prefix, kMagic, sizeof(kMagic)) != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "bin: '", path_, "' is not a Bagpipe binary dataset (bad magic; expected \"BAGPIPE1\")"));
     }
     uint32_t version = 0;
-    uint64_t header_bytes = 0;
-    std::memcpy(&version, data + 8, 4);
-    std::memcpy(&header_bytes, data + 16, 8);
-    if (version != kVersion) {
+    uint64_t header_bytes = 0, body_bytes = 0, body_checksum = 0, header_checksum = 0;
+    std::memcpy(&version, prefix + 8, 4);
+    std::memcpy(&header_bytes, prefix + 16, 8);
+    if (version != kVersion && version != 1) {
       return absl::InvalidArgumentError(absl::StrCat("bin: '", path_, "' has format version ",
-                                                     version, "; this build reads version ",
+                                                     version, "; this build reads versions 1 and ",
                                                      kVersion));
     }
-    if (header_bytes > size_ - kPrefixBytes) {
+    const int64_t prefix_bytes = version == 1 ? kPrefixBytesV1 : kPrefixBytes;
+    if (size_ < prefix_bytes) {
+      return absl::DataLossError(absl::StrCat("bin: '", path_, "' is truncated: ", size_,
+                                              " bytes, shorter than the header"));
+    }
+    if (version != 1) {
+      std::memcpy(&body_bytes, prefix + 24, 8);
+      std::memcpy(&body_checksum, prefix + 32, 8);
+      std::memcpy(&header_checksum, prefix + 40, 8);
+    }
+    if (header_bytes > static_cast<uint64_t>(size_ - prefix_bytes)) {
       return absl::DataLossError(absl::StrCat("bin: '", path_, "' is truncated inside its header (",
                                               header_bytes, " header bytes announced, ", size_,
                                               " bytes in the file)"));
     }
-    const nlohmann::json header =
-        nlohmann::json::parse(data + kPrefixBytes, data + kPrefixBytes + header_bytes, nullptr,
-                              /*allow_exceptions=*/false);
-    if (header.is_discarded() || !header.is_object()) {
-      return absl::DataLossError(absl::StrCat("bin: '", path_, "' has a corrupt header"));
-    }
-    int64_t body_bytes = 0;
-    uint64_t checksum = 0;
-    try {
-      ASSIGN_OR_RETURN(schema_, Schema::FromJson(header.at("schema")));
-      samples_ = header.at("samples").get<int64_t>();
-      body_bytes = header.at("body_bytes").get<int64_t>();
-      const std::string hex = header.at("checksum").get<std::string>();
-      if (hex.size() != 16 || !absl::SimpleHexAtoi(hex, &checksum)) {
-        return absl::DataLossError(
-            absl::StrCat("bin: '", path_, "' has a corrupt header: bad checksum '", hex, "'"));
-      }
-      labels_ = header.at("labels").get<int64_t>();
-      dense_ = header.at("dense").get<int64_t>();
-      for (const nlohmann::json& table : header.at("tables")) {
-        tables_.push_back({table.at("offsets").get<int64_t>(), table.at("ids").get<int64_t>(),
-                           table.at("id_bytes").get<int>()});
-      }
-      source_ = header.value("source", "");
-    } catch (const nlohmann::json::exception& e) {
+    if (header_bytes > static_cast<uint64_t>(kMaxHeaderBytes)) {
       return absl::DataLossError(
-          absl::StrCat("bin: '", path_, "' has a corrupt header: ", e.what()));
+          absl::StrCat("bin: '", path_, "' has a corrupt header: ", header_bytes,
+                       " header bytes announced (at most ", kMaxHeaderBytes, ")"));
     }
-    body_offset_ = Align8(static_cast<int64_t>(kPrefixBytes + header_bytes));
-    const int64_t have = static_cast<int64_t>(size_) - body_offset_;
-    if (have != body_bytes) {
+    std::string text(header_bytes, '\0');
+    RETURN_IF_ERROR(ReadAt(fd, prefix_bytes, text.data(), text.size(), path_, "header"));
+    if (version != 1) {
+      Xxh3 checksum;
+      checksum.Update(prefix, kHeaderChecksumAt);
+      checksum.Update(text.data(), text.size());
+      const uint64_t actual = checksum.Digest();
+      if (actual != header_checksum) {
+        return absl::DataLossError(absl::StrCat(
+            "bin: '", path_, "' is corrupt: header checksum mismatch (XXH3-64 of bytes [0, ",
+            prefix_bytes + static_cast<int64_t>(header_bytes), ") is ",
+            absl::StrFormat("%016x", actual), ", the file says ",
+            absl::StrFormat("%016x", header_checksum), ")"));
+      }
+    }
+    const nlohmann::json header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (header.is_discarded() || !header.is_object()) {
+      return absl::DataLossError(
+          absl::StrCat("bin: '", path_, "' has a corrupt header (not a JSON object)"));
+    }
+    const absl::Status parsed = ParseHeader(header, version, &body_bytes, &body_checksum);
+    if (!parsed.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("bin: '", path_, "' has a corrupt header: ", parsed.message()));
+    }
+    static std::atomic<bool> warned{false};
+    if (version == 1 && !warned.exchange(true)) {
+      BAGPIPE_LOG(WARNING) << "bin: '" << path_
+                           << "' has format version 1, whose header is not covered by a "
+                              "checksum; it is read with full validation. Re-run bagpipe convert "
+                              "to write version 2.";
+    }
+    body_offset_ = Align8(prefix_bytes + static_cast<int64_t>(header_bytes));
+    const int64_t have = std::max<int64_t>(size_ - body_offset_, 0);
+    if (body_bytes != static_cast<uint64_t>(have)) {
       return absl::DataLossError(absl::StrCat(
-          "bin: '", path_, "' is ", have < body_bytes ? "truncated" : "longer than its header says",
-          ": the header announces ", body_bytes, " body bytes, the file holds ",
-          std::max<int64_t>(have, 0)));
+          "bin: '", path_, "' is ",
+          body_bytes > static_cast<uint64_t>(have) ? "truncated" : "longer than its header says",
+          ": the header announces ", body_bytes, " body bytes, the file holds ", have));
     }
-    const uint64_t actual = XXH3_64bits(data + body_offset_, static_cast<size_t>(body_bytes));
-    if (actual != checksum) {
-      return absl::DataLossError(absl::StrCat("bin: '", path_,
-                                              "' is corrupt: body checksum mismatch (XXH3-64 ",
-                                              absl::StrFormat("%016x", actual), ", header says ",
-                                              absl::StrFormat("%016x", checksum), ")"));
-    }
-    // Section bounds, so that a consistent but wrong header cannot make Read run off the map.
-    const int64_t n = samples_;
-    auto check = [&](int64_t offset, int64_t bytes, const std::string& what) -> absl::Status {
-      if (n < 0 || offset < 0 || bytes < 0 || offset % 8 != 0 || offset + bytes > body_bytes) {
-        return absl::DataLossError(
-            absl::StrCat("bin: '", path_, "' has an out-of-bounds ", what, " section"));
-      }
-      return absl::OkStatus();
-    };
-    if (static_cast<int>(tables_.size()) != schema_.num_tables()) {
-      return absl::DataLossError(absl::StrCat("bin: '", path_, "' describes ", tables_.size(),
-                                              " table sections for ", schema_.num_tables(),
-                                              " tables"));
-    }
-    RETURN_IF_ERROR(check(labels_, n * 4, "labels"));
-    RETURN_IF_ERROR(check(dense_, n * 4 * schema_.num_dense(), "dense"));
+    RETURN_IF_ERROR(CheckLayout(have));
+    RETURN_IF_ERROR(CheckBody(have, body_checksum));
+    // Each table's id count, and so the extent of its ids section.
     for (int t = 0; t < schema_.num_tables(); ++t) {
-      const TableSection& table = tables_[t];
-      const std::string name = absl::StrCat("table ", schema_.table_names[t]);
-      RETURN_IF_ERROR(check(table.offsets, (n + 1) * 8, name + " offsets"));
-      if (table.id_bytes != 4 && table.id_bytes != 8) {
-        return absl::DataLossError(absl::StrCat("bin: '", path_, "': ", name, " has ",
-                                                table.id_bytes, "-byte ids (expected 4 or 8)"));
+      TableSection& table = tables_[t];
+      int64_t first = 0, last = 0;
+      RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.offsets, &first, 8, path_, "offsets"));
+      RETURN_IF_ERROR(
+          ReadAt(fd, body_offset_ + table.offsets + samples_ * 8, &last, 8, path_, "offsets"));
+      const std::optional<int64_t> id_bytes = CheckedMul(last, table.id_bytes);
+      if (first != 0 || last < 0 || !id_bytes || !RangeInside(table.ids, *id_bytes, have)) {
+        return absl::DataLossError(absl::StrCat("bin: '", path_, "': ", TableName(t),
+                                                " has offsets from ", first, " to ", last,
+                                                ", outside its ids section"));
       }
-      const int64_t* offsets = Offsets(t);
-      if (offsets[0] != 0 || offsets[n] < 0) {
-        return absl::DataLossError(absl::StrCat("bin: '", path_, "': bad ", name, " offsets"));
-      }
-      RETURN_IF_ERROR(check(table.ids, offsets[n] * table.id_bytes, name + " ids"));
+      table.num_ids = last;
     }
     per_epoch_ = options_.max_samples >= 0 ? std::min(samples_, options_.max_samples) : samples_;
     return absl::OkStatus();
@@ -245,43 +467,103 @@ class BinarySource final : public SampleSource {
     if (count <= 0) return 0;
     const int32_t n = static_cast<int32_t>(count);
     const int64_t begin = position_;
-    const char* body = Body();
+    const int fd = fd_.get();
+    int64_t bytes = 0;
     batch->num_samples = n;
     batch->labels.resize(n);
-    std::memcpy(batch->labels.data(), body + labels_ + begin * 4, static_cast<size_t>(n) * 4);
+    RETURN_IF_ERROR(ReadAt(fd, body_offset_ + labels_ + begin * 4, batch->labels.data(),
+                           static_cast<size_t>(n) * 4, path_, "labels"));
+    bytes += int64_t{n} * 4;
+    bool labels_ok = true;
+    for (const float label : batch->labels) labels_ok &= label >= 0.0f && label <= 1.0f;
+    if (!labels_ok) {
+      for (int32_t s = 0; s < n; ++s) {
+        const float label = batch->labels[s];
+        if (!(label >= 0.0f && label <= 1.0f)) {
+          return absl::InvalidArgumentError(absl::StrCat("bin: '", path_, "': record ", begin + s,
+                                                         " has label ", label,
+                                                         " (labels must be in [0, 1])"));
+        }
+      }
+    }
     batch->dense.resize(static_cast<size_t>(n) * dense);
-    std::memcpy(batch->dense.data(), body + dense_ + begin * 4 * dense,
-                static_cast<size_t>(n) * 4 * dense);
+    RETURN_IF_ERROR(ReadAt(fd, body_offset_ + dense_ + begin * 4 * dense, batch->dense.data(),
+                           batch->dense.size() * 4, path_, "dense values"));
+    bytes += static_cast<int64_t>(batch->dense.size()) * 4;
+    bool dense_ok = true;
+    for (const float value : batch->dense) dense_ok &= IsFinite(value);
+    if (!dense_ok) {
+      for (size_t k = 0; k < batch->dense.size(); ++k) {
+        if (!IsFinite(batch->dense[k])) {
+          const int64_t record = begin + static_cast<int64_t>(k / dense);
+          return absl::InvalidArgumentError(
+              absl::StrCat("bin: '", path_, "': record ", record, ", dense column '",
+                           Excerpt(schema_.dense_names[k % dense]), "': value ", batch->dense[k],
+                           " is not finite"));
+        }
+      }
+    }
     batch->offsets.resize(static_cast<size_t>(tables) * n + 1);
     batch->offsets[0] = 0;
+    offsets_.resize(static_cast<size_t>(n) + 1);
     for (int t = 0; t < tables; ++t) {
-      const int64_t* offsets = Offsets(t);
-      const int64_t first = offsets[begin];
+      const TableSection& table = tables_[t];
+      RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.offsets + begin * 8, offsets_.data(),
+                             offsets_.size() * 8, path_, "offsets"));
+      bytes += static_cast<int64_t>(offsets_.size()) * 8;
+      const int64_t first = offsets_[0];
+      // Non-decreasing from first >= 0 to last <= num_ids: every bag lies in the ids section.
+      bool monotonic = first >= 0 && offsets_[n] <= table.num_ids;
+      for (int32_t s = 0; s < n; ++s) monotonic &= offsets_[s + 1] >= offsets_[s];
+      if (!monotonic) {
+        // The first record whose bag is decreasing or leaves the ids section.
+        int32_t s = 0;
+        while (s < n && offsets_[s] >= 0 && offsets_[s + 1] >= offsets_[s] &&
+               offsets_[s + 1] <= table.num_ids) {
+          ++s;
+        }
+        return absl::InvalidArgumentError(
+            absl::StrCat("bin: '", path_, "': record ", begin + s, ", ", TableName(t), ": bag [",
+                         offsets_[s], ", ", offsets_[s + 1],
+                         ") is decreasing or outside the table's ", table.num_ids, " ids"));
+      }
+      const int64_t last = offsets_[n];
       const int64_t base = static_cast<int64_t>(batch->ids.size());
-      const int64_t last = offsets[begin + n];
-      if (last < first) {
-        return absl::DataLossError(absl::StrCat("bin: '", path_, "': decreasing offsets in table ",
-                                                schema_.table_names[t]));
-      }
-      for (int32_t s = 0; s < n; ++s) {
-        batch->offsets[static_cast<size_t>(t) * n + s + 1] = base + offsets[begin + s + 1] - first;
-      }
-      batch->ids.resize(static_cast<size_t>(base + last - first));
+      int64_t* out_offsets = batch->offsets.data() + static_cast<size_t>(t) * n;
+      for (int32_t s = 0; s < n; ++s) out_offsets[s + 1] = base + offsets_[s + 1] - first;
+      const int64_t num = last - first;
+      batch->ids.resize(static_cast<size_t>(base + num));
       int64_t* out = batch->ids.data() + base;
-      if (tables_[t].id_bytes == 8) {
-        std::memcpy(out, body + tables_[t].ids + first * 8, static_cast<size_t>(last - first) * 8);
+      if (table.id_bytes == 8) {
+        RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.ids + first * 8, out,
+                               static_cast<size_t>(num) * 8, path_, "ids"));
       } else {
-        const char* in = body + tables_[t].ids + first * 4;
-        for (int64_t k = 0; k < last - first; ++k) {
-          uint32_t id;
-          std::memcpy(&id, in + k * 4, 4);
-          out[k] = id;
+        narrow_.resize(static_cast<size_t>(num));
+        RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.ids + first * 4, narrow_.data(),
+                               static_cast<size_t>(num) * 4, path_, "ids"));
+        for (int64_t k = 0; k < num; ++k) out[k] = narrow_[k];
+      }
+      bytes += num * table.id_bytes;
+      const int64_t rows = schema_.table_rows[t];
+      bool ids_ok = true;
+      for (int64_t k = 0; k < num; ++k) ids_ok &= out[k] >= 0 && out[k] < rows;
+      if (!ids_ok) {
+        for (int64_t k = 0; k < num; ++k) {
+          if (out[k] < 0 || out[k] >= rows) {
+            // The record whose bag holds id k.
+            const int64_t* bag =
+                std::upper_bound(offsets_.data(), offsets_.data() + n + 1, first + k);
+            const int64_t record = begin + (bag - offsets_.data()) - 1;
+            return absl::InvalidArgumentError(absl::StrCat("bin: '", path_, "': record ", record,
+                                                           ", ", TableName(t), ": id ", out[k],
+                                                           " is out of range [0, ", rows, ")"));
+          }
         }
       }
     }
     position_ += count;
     stats_.samples += count;
-    stats_.bytes += count * 4 * (1 + dense);
+    stats_.bytes += bytes;
     return count;
   }
 
@@ -295,19 +577,116 @@ class BinarySource final : public SampleSource {
 
   std::string Describe() const override {
     return absl::StrCat("bin:", path_, " (", samples_, " samples",
-                        source_.empty() ? "" : absl::StrCat(", from ", source_), ")");
+                        source_.empty() ? "" : absl::StrCat(", from ", Excerpt(source_, 200)), ")");
   }
 
  private:
-  const char* Body() const { return static_cast<const char*>(map_) + body_offset_; }
-  const int64_t* Offsets(int t) const {
-    return reinterpret_cast<const int64_t*>(Body() + tables_[t].offsets);
+  std::string TableName(int t) const {
+    return absl::StrCat("table '", Excerpt(schema_.table_names[t]), "'");
+  }
+
+  // The header's fields; version 1 headers also hold the body's length and checksum.
+  absl::Status ParseHeader(const nlohmann::json& header, uint32_t version, uint64_t* body_bytes,
+                           uint64_t* body_checksum) {
+    if (!header.contains("schema")) return absl::InvalidArgumentError("missing field \"schema\"");
+    ASSIGN_OR_RETURN(schema_, Schema::FromJson(header["schema"]));
+    ASSIGN_OR_RETURN(samples_, JsonInt64(header, "samples"));
+    ASSIGN_OR_RETURN(labels_, JsonInt64(header, "labels"));
+    ASSIGN_OR_RETURN(dense_, JsonInt64(header, "dense"));
+    if (!header.contains("tables") || !header["tables"].is_array()) {
+      return absl::InvalidArgumentError("\"tables\" is not a list");
+    }
+    if (header["tables"].size() != static_cast<size_t>(schema_.num_tables())) {
+      return absl::InvalidArgumentError(absl::StrCat("it describes ", header["tables"].size(),
+                                                     " table sections for ", schema_.num_tables(),
+                                                     " tables"));
+    }
+    for (const nlohmann::json& table : header["tables"]) {
+      TableSection section;
+      ASSIGN_OR_RETURN(section.offsets, JsonInt64(table, "offsets"));
+      ASSIGN_OR_RETURN(section.ids, JsonInt64(table, "ids"));
+      ASSIGN_OR_RETURN(const int64_t id_bytes, JsonInt64(table, "id_bytes"));
+      if (id_bytes != 4 && id_bytes != 8) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("table '", Excerpt(schema_.table_names[tables_.size()]), "' has ",
+                         id_bytes, "-byte ids (expected 4 or 8)"));
+      }
+      section.id_bytes = static_cast<int>(id_bytes);
+      tables_.push_back(section);
+    }
+    if (header.contains("source")) {
+      ASSIGN_OR_RETURN(source_, JsonString(header, "source"));
+    }
+    if (version == 1) {
+      ASSIGN_OR_RETURN(const int64_t announced, JsonInt64(header, "body_bytes"));
+      if (announced < 0) return absl::InvalidArgumentError("negative body length");
+      *body_bytes = static_cast<uint64_t>(announced);
+      ASSIGN_OR_RETURN(const std::string hex, JsonString(header, "checksum"));
+      if (hex.size() != 16 || !absl::SimpleHexAtoi(hex, body_checksum)) {
+        return absl::InvalidArgumentError(absl::StrCat("bad checksum '", Excerpt(hex), "'"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Every section lies inside the body (`body` bytes), with sizes computed without overflow.
+  absl::Status CheckLayout(int64_t body) {
+    const int64_t n = samples_;
+    if (n < 0) {
+      return absl::DataLossError(
+          absl::StrCat("bin: '", path_, "' has a corrupt header: ", n, " samples"));
+    }
+    auto check = [&](int64_t offset, std::optional<int64_t> bytes,
+                     const std::string& what) -> absl::Status {
+      if (!bytes || offset % 8 != 0 || !RangeInside(offset, *bytes, body)) {
+        return absl::DataLossError(absl::StrCat("bin: '", path_, "': the ", what,
+                                                " section (body offset ", offset, ", ", n,
+                                                " samples) lies outside the ", body, "-byte body"));
+      }
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(check(labels_, CheckedMul(n, 4), "labels"));
+    const std::optional<int64_t> dense_values = CheckedMul(n, schema_.num_dense());
+    RETURN_IF_ERROR(
+        check(dense_, dense_values ? CheckedMul(*dense_values, 4) : std::nullopt, "dense"));
+    for (int t = 0; t < schema_.num_tables(); ++t) {
+      const TableSection& table = tables_[t];
+      const std::optional<int64_t> entries = CheckedAdd(n, 1);
+      RETURN_IF_ERROR(check(table.offsets, entries ? CheckedMul(*entries, 8) : std::nullopt,
+                            TableName(t) + " offsets"));
+      if (table.ids % 8 != 0 || !RangeInside(table.ids, 0, body)) {
+        return absl::DataLossError(absl::StrCat("bin: '", path_, "': ", TableName(t),
+                                                " ids section at body offset ", table.ids,
+                                                " lies outside the ", body, "-byte body"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The body's XXH3-64 matches the header's, reading the body once in blocks.
+  absl::Status CheckBody(int64_t body, uint64_t expected) {
+    Xxh3 checksum;
+    std::vector<char> block(std::min<int64_t>(body, kCopyBlock));
+    for (int64_t at = 0; at < body;) {
+      const size_t bytes = static_cast<size_t>(std::min<int64_t>(body - at, kCopyBlock));
+      RETURN_IF_ERROR(ReadAt(fd_.get(), body_offset_ + at, block.data(), bytes, path_, "body"));
+      checksum.Update(block.data(), bytes);
+      at += static_cast<int64_t>(bytes);
+    }
+    const uint64_t actual = checksum.Digest();
+    if (actual != expected) {
+      return absl::DataLossError(absl::StrCat("bin: '", path_,
+                                              "' is corrupt: body checksum mismatch (XXH3-64 ",
+                                              absl::StrFormat("%016x", actual), ", header says ",
+                                              absl::StrFormat("%016x", expected), ")"));
+    }
+    return absl::OkStatus();
   }
 
   const std::string path_;
   const SourceOptions options_;
-  void* map_ = nullptr;
-  size_t size_ = 0;
+  Fd fd_;
+  int64_t size_ = 0;
   int64_t body_offset_ = 0;
   Schema schema_;
   std::string source_;
@@ -319,46 +698,9 @@ class BinarySource final : public SampleSource {
   int64_t position_ = 0;
   int64_t stream_offset_ = 0;
   SourceStats stats_;
+  std::vector<int64_t> offsets_;  // scratch: one table's offsets for a read
+  std::vector<uint32_t> narrow_;  // scratch: 4-byte ids
 };
-
-// Copies the spill file `path` onto `out`, feeding the checksum; with `narrow` the file holds
-// int64 ids that are written as uint32.
-absl::Status AppendFile(const std::string& path, bool narrow, OutFile& out, XXH3_state_t* state) {
-  std::FILE* in = std::fopen(path.c_str(), "rb");
-  if (in == nullptr) {
-    return absl::DataLossError(absl::StrCat("cannot reopen '", path, "': ", ErrnoText()));
-  }
-  std::vector<int64_t> buffer(size_t{1} << 19);
-  std::vector<uint32_t> small(narrow ? buffer.size() : 0);
-  absl::Status status;
-  while (status.ok()) {
-    const size_t read = std::fread(buffer.data(), 1, buffer.size() * 8, in);
-    if (read == 0) {
-      if (std::ferror(in)) {
-        status = absl::DataLossError(absl::StrCat("cannot read '", path, "': ", ErrnoText()));
-      }
-      break;
-    }
-    const void* data = buffer.data();
-    size_t bytes = read;
-    if (narrow) {
-      for (size_t k = 0; k < read / 8; ++k) small[k] = static_cast<uint32_t>(buffer[k]);
-      data = small.data();
-      bytes = read / 2;
-    }
-    XXH3_64bits_update(state, data, bytes);
-    status = out.Write(data, bytes);
-  }
-  std::fclose(in);
-  return status;
-}
-
-absl::Status Pad8(OutFile& out, XXH3_state_t* state) {
-  static const char kZeros[8] = {};
-  const size_t pad = static_cast<size_t>(Align8(out.size()) - out.size());
-  if (state != nullptr) XXH3_64bits_update(state, kZeros, pad);
-  return out.Write(kZeros, pad);
-}
 
 }  // namespace
 
@@ -371,19 +713,19 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenBinary(const std::string& path
 
 absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string& path) {
   Stopwatch watch;
-  const std::string temp = absl::StrCat(path, ".tmp.", getpid());
-  FileCleanup cleanup;
+  Output output;
+  RETURN_IF_ERROR(output.Open(path));
+  const std::string dir = DirectoryOf(path);
   const int tables = source.schema().num_tables();
   const int dense = source.schema().num_dense();
-  // Sections are spilled to one file each while the source streams (their sizes are unknown
-  // until the end), then concatenated behind the header.
+  // Sections are spilled to one unnamed file each while the source streams (their sizes are
+  // unknown until the end), then concatenated behind the header.
   const int sections = 2 + 2 * tables;
-  std::vector<OutFile> spills(sections);
-  std::vector<std::string> spill_paths(sections);
+  std::vector<OutFile> spills;
+  spills.reserve(sections);
   for (int i = 0; i < sections; ++i) {
-    spill_paths[i] = absl::StrCat(temp, ".section", i);
-    cleanup.Add(spill_paths[i]);
-    RETURN_IF_ERROR(spills[i].Open(spill_paths[i]));
+    ASSIGN_OR_RETURN(Fd fd, CreateUnnamedFile(dir));
+    spills.emplace_back(std::move(fd), absl::StrCat("a temporary file in '", dir, "'"));
   }
   const int64_t zero = 0;
   for (int t = 0; t < tables; ++t) RETURN_IF_ERROR(spills[2 + 2 * t].Write(&zero, 8));
@@ -412,7 +754,6 @@ absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string
     }
     samples += read;
   }
-  for (OutFile& spill : spills) RETURN_IF_ERROR(spill.Close());
 
   // Final table sizes decide the id width: int64 spills of small tables are narrowed.
   const Schema schema = source.schema();
@@ -441,49 +782,42 @@ absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string
     header["tables"].push_back(
         {{"offsets", offsets_at}, {"ids", ids_at}, {"id_bytes", id_bytes[t]}});
   }
-  header["body_bytes"] = offset;
-
-  // The checksum is known only after the body is written: the header holds it as 16 hex
-  // digits, written as a placeholder and overwritten in place at the end.
-  header["checksum"] = std::string(16, '0');
   const std::string header_text = header.dump();
-  const std::string placeholder = "\"checksum\":\"0000000000000000\"";
-  const size_t checksum_at = header_text.find(placeholder) + placeholder.size() - 17;
-  OutFile out;
-  cleanup.Add(temp);
-  RETURN_IF_ERROR(out.Open(temp));
+
+  // The prefix's checksums are known only after the body is written: it is written with zeros
+  // first and overwritten at the end.
+  OutFile& out = output.file();
   char prefix[kPrefixBytes] = {};
   std::memcpy(prefix, kMagic, 8);
   std::memcpy(prefix + 8, &kVersion, 4);
   const uint64_t header_bytes = header_text.size();
+  const uint64_t body_bytes = static_cast<uint64_t>(offset);
   std::memcpy(prefix + 16, &header_bytes, 8);
+  std::memcpy(prefix + 24, &body_bytes, 8);
   RETURN_IF_ERROR(out.Write(prefix, kPrefixBytes));
   RETURN_IF_ERROR(out.Write(header_text.data(), header_text.size()));
   RETURN_IF_ERROR(Pad8(out, nullptr));
   const int64_t body_start = out.size();
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
-  absl::Status status;
-  for (int i = 0; i < sections && status.ok(); ++i) {
+  Xxh3 body_checksum;
+  for (int i = 0; i < sections; ++i) {
     const bool narrow = i >= 2 && i % 2 == 1 && id_bytes[(i - 3) / 2] == 4;
-    status = AppendFile(spill_paths[i], narrow, out, state);
-    if (status.ok()) status = Pad8(out, state);
+    RETURN_IF_ERROR(AppendSpill(spills[i], narrow, out, &body_checksum));
+    RETURN_IF_ERROR(Pad8(out, &body_checksum));
   }
-  const uint64_t checksum = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  RETURN_IF_ERROR(status);
   if (out.size() - body_start != offset) {
     return absl::InternalError(
         absl::StrCat("binary body is ", out.size() - body_start, " bytes, expected ", offset));
   }
-  RETURN_IF_ERROR(out.Overwrite(static_cast<int64_t>(kPrefixBytes + checksum_at),
-                                absl::StrFormat("%016x", checksum)));
-  RETURN_IF_ERROR(out.Close());
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    return absl::DataLossError(
-        absl::StrCat("cannot rename '", temp, "' to '", path, "': ", ErrnoText()));
-  }
-  cleanup.Release(temp);
+  const uint64_t body_digest = body_checksum.Digest();
+  std::memcpy(prefix + 32, &body_digest, 8);
+  Xxh3 header_checksum;
+  header_checksum.Update(prefix, kHeaderChecksumAt);
+  header_checksum.Update(header_text.data(), header_text.size());
+  const uint64_t header_digest = header_checksum.Digest();
+  std::memcpy(prefix + 40, &header_digest, 8);
+  RETURN_IF_ERROR(out.Flush());
+  RETURN_IF_ERROR(WriteAt(out.fd(), 0, prefix, kPrefixBytes, out.what()));
+  RETURN_IF_ERROR(output.Publish());
   ConvertStats stats;
   stats.samples = samples;
   stats.bytes_written = out.size();

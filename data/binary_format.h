@@ -1,11 +1,25 @@
-// Bagpipe's binary columnar dataset format: mmap-able, checksummed, exact.
+// Bagpipe's binary columnar dataset format: checksummed, exact, validated on read.
 //
-// Layout (little-endian):
-//   header   magic "BAGPIPE1", format version, header JSON length, header JSON (schema with
-//            final table sizes, sample count, section offsets, body checksum XXH3-64)
+// Layout (little-endian), format version 2:
+//   prefix   48 bytes: magic "BAGPIPE1", uint32 format version (2), uint32 reserved (0),
+//            uint64 header JSON length, uint64 body length, uint64 body checksum (XXH3-64 of the
+//            body), uint64 header checksum (XXH3-64 of prefix bytes [0, 40) followed by the
+//            header JSON: it covers every byte of the file outside the body, and the body's
+//            checksum)
+//   header   JSON: schema with final table sizes, sample count, section offsets, the source
 //   body     8-byte aligned sections: labels float[n]; dense float[n * d]; per table:
 //            offsets int64[n + 1] and ids uint32 or int64 (by table size)
 // Reading it back yields exactly the batches of the source it was written from.
+//
+// Reading trusts nothing in the file. Opening checks the header checksum, then that every size
+// and offset fits the file (overflow-checked), then the body checksum; each Read checks the
+// offsets, ids, labels and dense values it returns (ids in [0, table_rows), offsets within
+// their table's ids, labels in [0, 1], dense values finite) and names the record and the table
+// or column of a bad one. The file is read with pread, not mapped: a file that shrinks or
+// changes while it is read gives an error naming the byte offset, never a SIGBUS.
+//
+// Format version 1 (written before the header was checksummed: a 24-byte prefix, the body
+// length and checksum in the header JSON) is still read, with the same validation.
 #ifndef BAGPIPE_DATA_BINARY_FORMAT_H_
 #define BAGPIPE_DATA_BINARY_FORMAT_H_
 
@@ -26,8 +40,11 @@ struct ConvertStats {
   double seconds = 0;
 };
 
-// Reads `source` to its end (one epoch) and writes it to `path` (atomically: a temporary file
-// renamed on success, so a failed conversion leaves no partial output).
+// Reads `source` to its end (one epoch) and writes it to `path`. Nothing is left behind if the
+// conversion fails or the process is killed: the output and the per-section spill files are
+// unnamed files (O_TMPFILE) in the output's directory until the complete output is linked to
+// `path` (replacing an existing file atomically). On file systems without O_TMPFILE the output
+// is written as PATH.tmp.PID and renamed; a kill can leave that file behind.
 absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string& path);
 
 }  // namespace bagpipe

@@ -1,6 +1,10 @@
 #include "data/schema.h"
 
 #include "absl/strings/str_cat.h"
+#include "core/checked_math.h"
+#include "core/excerpt.h"
+#include "core/json_fields.h"
+#include "core/status.h"
 
 namespace bagpipe {
 
@@ -23,24 +27,51 @@ nlohmann::json Schema::ToJson() const {
 }
 
 absl::StatusOr<Schema> Schema::FromJson(const nlohmann::json& json) {
+  if (!json.is_object()) return absl::InvalidArgumentError("malformed schema JSON: not an object");
   Schema schema;
-  try {
-    schema.dense_names = json.at("dense").get<std::vector<std::string>>();
-    schema.table_names = json.at("tables").get<std::vector<std::string>>();
-    schema.table_rows = json.at("table_rows").get<std::vector<int64_t>>();
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("malformed schema JSON: ", e.what()));
-  }
-  if (schema.table_rows.size() != schema.table_names.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("schema lists ", schema.table_names.size(),
-                                                   " tables but ", schema.table_rows.size(),
-                                                   " table sizes"));
-  }
-  for (size_t t = 0; t < schema.table_rows.size(); ++t) {
-    if (schema.table_rows[t] < 0) {
+  auto names = [&](const char* key, std::vector<std::string>* out) -> absl::Status {
+    const auto it = json.find(key);
+    if (it == json.end() || !it->is_array()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("schema table ", schema.table_names[t], " has negative size"));
+          absl::StrCat("malformed schema JSON: \"", key, "\" is not a list"));
     }
+    for (const nlohmann::json& name : *it) {
+      if (!name.is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("malformed schema JSON: \"", key, "\" lists a ", name.type_name()));
+      }
+      out->push_back(name.get<std::string>());
+    }
+    return absl::OkStatus();
+  };
+  absl::Status status = names("dense", &schema.dense_names);
+  if (status.ok()) status = names("tables", &schema.table_names);
+  if (!status.ok()) return status;
+  const auto rows = json.find("table_rows");
+  if (rows == json.end() || !rows->is_array()) {
+    return absl::InvalidArgumentError("malformed schema JSON: \"table_rows\" is not a list");
+  }
+  if (rows->size() != schema.table_names.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("schema lists ", schema.table_names.size(),
+                                                   " tables but ", rows->size(), " table sizes"));
+  }
+  int64_t total = 0;
+  for (size_t t = 0; t < rows->size(); ++t) {
+    absl::StatusOr<int64_t> size = JsonToInt64((*rows)[t], "table_rows");
+    if (!size.ok()) return Annotate(size.status(), "malformed schema JSON");
+    if (*size < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("schema table '", Excerpt(schema.table_names[t]), "' has negative size"));
+    }
+    // Global row ids linearise every table: their sum must stay an int64.
+    const std::optional<int64_t> sum = CheckedAdd(total, *size);
+    if (!sum) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("schema tables hold more than 2^63 rows in all (table '",
+                       Excerpt(schema.table_names[t]), "' has ", *size, ")"));
+    }
+    total = *sum;
+    schema.table_rows.push_back(*size);
   }
   return schema;
 }

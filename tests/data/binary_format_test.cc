@@ -1,10 +1,14 @@
 // Specification of the binary format: exact round trips and detection of damaged files.
 #include "data/binary_format.h"
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -12,11 +16,13 @@
 #include "data/synthetic.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/data/binary_crafting.h"
 #include "tests/data/data_testing.h"
 
 namespace bagpipe {
 namespace {
 
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
 const std::string kCriteo =
@@ -141,7 +147,7 @@ TEST_F(CorruptionTest, FlippedBodyByteFailsTheChecksum) {
   bytes[bytes.size() - 9] ^= 0x10;
   const absl::Status status = OpenDamaged(bytes);
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(status.message(), HasSubstr("checksum mismatch"));
+  EXPECT_THAT(status.message(), HasSubstr("body checksum mismatch"));
 }
 
 TEST_F(CorruptionTest, TruncatedFileIsDetected) {
@@ -168,12 +174,322 @@ TEST_F(CorruptionTest, BadMagicAndVersion) {
   EXPECT_THAT(status.message(), HasSubstr("version 9"));
 }
 
-TEST_F(CorruptionTest, CorruptHeaderIsDetected) {
+// The header checksum covers every byte outside the body: the header JSON, the lengths in the
+// prefix and the body's checksum.
+TEST_F(CorruptionTest, EveryHeaderByteIsCoveredByTheChecksum) {
+  for (size_t at : {size_t{12}, size_t{16}, size_t{24}, size_t{32}, size_t{47}, size_t{48},
+                    size_t{60}, size_t{200}}) {
+    std::string bytes = bytes_;
+    bytes[at] ^= 0x01;
+    const absl::Status status = OpenDamaged(bytes);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << at;
+    EXPECT_THAT(status.message(), AnyOf(HasSubstr("header checksum mismatch"),
+                                        HasSubstr("truncated inside its header")))
+        << at;
+  }
+}
+
+TEST_F(CorruptionTest, HugeHeaderLengthIsRefusedWithoutAllocating) {
   std::string bytes = bytes_;
-  bytes[24] = '#';  // the JSON's opening brace
+  const uint64_t huge = uint64_t{1} << 62;
+  std::memcpy(bytes.data() + 16, &huge, 8);
   const absl::Status status = OpenDamaged(bytes);
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(status.message(), HasSubstr("corrupt header"));
+  EXPECT_THAT(status.message(), HasSubstr("4611686018427387904 header bytes announced"));
+}
+
+// Files whose checksums are valid but whose header or body lies: every size and offset is
+// checked before it is used, and every value a read returns.
+class CraftedFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // 10 samples, 2 dense columns, 2 tables of 10 and 5 rows, 1-2 ids per bag.
+    auto source = Must(OpenSynthetic("samples=10,rows=10/5,dense=2,pooling=1-2,seed=3", {}));
+    const std::string path = TempPath("crafted_base.bin");
+    ASSERT_TRUE(WriteBinary(*source, path).ok());
+    auto parts = SplitBinary(ReadBytes(path));
+    ASSERT_TRUE(parts.has_value());
+    parts_ = *parts;
+  }
+  // Opens the file of `parts` and reads it to its end in reads of 4 samples.
+  absl::Status OpenAndRead(const BinaryParts& parts, uint32_t version = 2) {
+    const std::string path = TempPath("crafted.bin");
+    WriteBytes(path, JoinBinary(parts, version));
+    absl::StatusOr<std::unique_ptr<SampleSource>> source = OpenBinary(path, {});
+    if (!source.ok()) return source.status();
+    Batch batch;
+    while (true) {
+      absl::StatusOr<int64_t> read = (*source)->Read(4, &batch);
+      if (!read.ok()) return read.status();
+      if (*read == 0) return absl::OkStatus();
+      EXPECT_TRUE(batch.Validate((*source)->schema()).ok());
+    }
+  }
+  template <typename T>
+  void Poke(BinaryParts& parts, int64_t body_offset, T value) {
+    ASSERT_LE(body_offset + sizeof(T), parts.body.size());
+    std::memcpy(parts.body.data() + body_offset, &value, sizeof(T));
+  }
+  int64_t Section(const char* key) { return parts_.header[key].get<int64_t>(); }
+  int64_t TableSection(int table, const char* key) {
+    return parts_.header["tables"][table][key].get<int64_t>();
+  }
+  BinaryParts parts_;
+};
+
+TEST_F(CraftedFileTest, TheUnmodifiedFileReads) { EXPECT_TRUE(OpenAndRead(parts_).ok()); }
+
+TEST_F(CraftedFileTest, FormatVersionOneIsReadWithTheSameValidation) {
+  EXPECT_TRUE(OpenAndRead(parts_, 1).ok());
+  BinaryParts parts = parts_;
+  Poke<float>(parts, Section("labels") + 4 * 3, 7.0f);
+  const absl::Status status = OpenAndRead(parts, 1);
+  EXPECT_THAT(status.message(), HasSubstr("record 3 has label 7 (labels must be in [0, 1])"));
+}
+
+TEST_F(CraftedFileTest, LabelsOutsideZeroOneAndNonFiniteValuesNameTheRecord) {
+  BinaryParts parts = parts_;
+  Poke<float>(parts, Section("labels") + 4 * 6, 7.0f);
+  absl::Status status = OpenAndRead(parts);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("crafted.bin': record 6 has label 7"));
+  parts = parts_;
+  Poke<float>(parts, Section("labels"), std::numeric_limits<float>::quiet_NaN());
+  EXPECT_THAT(OpenAndRead(parts).message(), HasSubstr("record 0 has label nan"));
+  parts = parts_;
+  // Record 5's second dense column.
+  Poke<float>(parts, Section("dense") + 4 * (5 * 2 + 1), std::numeric_limits<float>::infinity());
+  status = OpenAndRead(parts);
+  EXPECT_THAT(status.message(), HasSubstr("record 5, dense column 'I2': value inf is not finite"));
+  parts = parts_;
+  Poke<float>(parts, Section("dense") + 4 * 8, -std::numeric_limits<float>::quiet_NaN());
+  EXPECT_THAT(OpenAndRead(parts).message(), HasSubstr("record 4, dense column 'I1'"));
+}
+
+TEST_F(CraftedFileTest, IdsOutOfTheTableNameTheRecord) {
+  BinaryParts parts = parts_;
+  // Table 1 has 5 rows and 4-byte ids; its first id belongs to record 0.
+  Poke<uint32_t>(parts, TableSection(1, "ids"), 77);
+  const absl::Status status = OpenAndRead(parts);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("record 0, table 'C2': id 77 is out of range [0, 5)"));
+}
+
+TEST_F(CraftedFileTest, OffsetsOutsideTheIdsOrDecreasingAreRefused) {
+  const int64_t offsets = TableSection(0, "offsets");
+  int64_t last = 0;
+  std::memcpy(&last, parts_.body.data() + offsets + 8 * 10, 8);
+  // Record 6's bag ends before it begins.
+  BinaryParts parts = parts_;
+  Poke<int64_t>(parts, offsets + 8 * 7, 0);
+  absl::Status status = OpenAndRead(parts);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("record 6, table 'C1': bag ["));
+  EXPECT_THAT(status.message(), HasSubstr("is decreasing or outside the table's"));
+  // A bag past the table's ids (but offsets[n] intact).
+  parts = parts_;
+  Poke<int64_t>(parts, offsets + 8 * 2, last + 1000);
+  status = OpenAndRead(parts);
+  EXPECT_THAT(status.message(), HasSubstr("record 1, table 'C1'"));
+  // A huge count of ids in the last offset, and a negative one: refused at open.
+  for (const int64_t bad : {int64_t{1} << 61, int64_t{-8}}) {
+    parts = parts_;
+    Poke<int64_t>(parts, offsets + 8 * 10, bad);
+    status = OpenAndRead(parts);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(status.message(), HasSubstr("outside its ids section"));
+  }
+}
+
+TEST_F(CraftedFileTest, SizesThatCannotBeInTheFileAreRefusedWithoutAllocating) {
+  // Sample counts whose section sizes overflow int64, or exceed the body.
+  for (const int64_t samples :
+       {int64_t{1} << 62, std::numeric_limits<int64_t>::max(), int64_t{1} << 40, int64_t{-1}}) {
+    BinaryParts parts = parts_;
+    parts.header["samples"] = samples;
+    const absl::Status status = OpenAndRead(parts);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << samples;
+    EXPECT_THAT(status.message(), AnyOf(HasSubstr("lies outside the"), HasSubstr("samples")))
+        << samples;
+  }
+  // One sample more than written: the sections still fit the body, so the file opens or fails,
+  // but every batch it returns is valid (checked by OpenAndRead).
+  BinaryParts parts = parts_;
+  parts.header["samples"] = 11;
+  (void)OpenAndRead(parts);
+  // n * dense * 4 overflows although n * 4 does not.
+  parts = parts_;
+  parts.header["samples"] = int64_t{1} << 60;
+  for (int d = 0; d < 14; ++d) parts.header["schema"]["dense"].push_back("x");
+  EXPECT_THAT(OpenAndRead(parts).message(), HasSubstr("lies outside the"));
+  // Section offsets: negative, unaligned, past the body.
+  for (const int64_t offset :
+       {int64_t{-8}, int64_t{4}, int64_t{1} << 40, std::numeric_limits<int64_t>::max()}) {
+    parts = parts_;
+    parts.header["dense"] = offset;
+    EXPECT_THAT(OpenAndRead(parts).message(), HasSubstr("dense section")) << offset;
+    parts = parts_;
+    parts.header["tables"][1]["ids"] = offset;
+    EXPECT_THAT(OpenAndRead(parts).message(), HasSubstr("table 'C2' ids section")) << offset;
+  }
+}
+
+TEST_F(CraftedFileTest, MalformedHeaderFieldsAreErrorsNotExceptions) {
+  std::vector<std::pair<std::string, nlohmann::json>> edits = {
+      {"/samples", "ten"},
+      {"/samples", 1e300},
+      {"/samples", 18446744073709551615ull},
+      {"/tables/0/id_bytes", 3},
+      {"/tables/0/id_bytes", 1e20},
+      {"/tables", nlohmann::json::object()},
+      {"/schema/table_rows/0", 2.5},
+      {"/schema/table_rows/0", -4},
+      {"/schema/table_rows", {std::numeric_limits<int64_t>::max(), 5}},
+      {"/schema/tables", {1, 2}},
+      {"/schema", "none"},
+      {"/source", 12},
+  };
+  for (const auto& [pointer, value] : edits) {
+    BinaryParts parts = parts_;
+    parts.header[nlohmann::json::json_pointer(pointer)] = value;
+    const absl::Status status = OpenAndRead(parts);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << pointer << " = " << value;
+    EXPECT_THAT(status.message(), HasSubstr("has a corrupt header")) << pointer;
+  }
+  // A table count that disagrees with the schema.
+  BinaryParts parts = parts_;
+  parts.header["tables"].erase(1);
+  EXPECT_THAT(OpenAndRead(parts).message(), HasSubstr("1 table sections for 2 tables"));
+}
+
+TEST_F(CraftedFileTest, EchoedNamesAreShortAndEscaped) {
+  BinaryParts parts = parts_;
+  parts.header["schema"]["tables"][1] = std::string("t\r\n\0", 4) + std::string(100000, 'x');
+  Poke<uint32_t>(parts, TableSection(1, "ids"), 77);
+  const absl::Status status = OpenAndRead(parts);
+  EXPECT_THAT(status.message(), HasSubstr("table 't\\r\\n\\x00xxx"));
+  EXPECT_THAT(status.message(), HasSubstr("... (100004 bytes)': id 77"));
+  EXPECT_LT(status.message().size(), 400u);
+}
+
+TEST(BinaryFormatTest, AFileThatShrinksWhileReadIsAnErrorNotASignal) {
+  auto source = Must(OpenSynthetic("samples=20000,scale=0.001,seed=5", {}));
+  const std::string path = TempPath("shrinks.bin");
+  ASSERT_TRUE(WriteBinary(*source, path).ok());
+  auto binary = Must(OpenBinary(path, {}));
+  Batch batch;
+  ASSERT_EQ(*binary->Read(1000, &batch), 1000);
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2);
+  absl::Status status;
+  while (status.ok()) {
+    absl::StatusOr<int64_t> read = binary->Read(1000, &batch);
+    status = read.status();
+    if (read.ok() && *read == 0) break;
+  }
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("shrinks.bin' ends at byte"));
+  EXPECT_THAT(status.message(), HasSubstr("shrank while it was being read"));
+}
+
+TEST(BinaryFormatTest, ADirectoryOrDeviceIsNotAFile) {
+  EXPECT_THAT(OpenBinary(::testing::TempDir(), {}).status().message(), HasSubstr("is a directory"));
+  EXPECT_THAT(OpenBinary("/dev/zero", {}).status().message(), HasSubstr("not a regular file"));
+}
+
+// A source that returns one block of samples, then signals `fd` and blocks forever: a
+// conversion in progress.
+class BlockingSource final : public SampleSource {
+ public:
+  explicit BlockingSource(int fd) : fd_(fd) {
+    schema_.dense_names = {"d"};
+    schema_.table_names = {"t"};
+    schema_.table_rows = {10};
+  }
+  const Schema& schema() const override { return schema_; }
+  absl::StatusOr<int64_t> Read(int64_t max_samples, Batch* batch) override {
+    batch->Reset(1, 1);
+    if (reads_++ == 0) {
+      batch->num_samples = 3;
+      batch->labels = {0, 1, 0};
+      batch->dense = {1, 2, 3};
+      batch->offsets = {0, 1, 2, 3};
+      batch->ids = {1, 2, 3};
+      return 3;
+    }
+    const char byte = 1;
+    EXPECT_EQ(write(fd_, &byte, 1), 1);
+    while (true) pause();
+  }
+  absl::Status Rewind() override { return absl::OkStatus(); }
+  SourceStats stats() const override { return {}; }
+  std::string Describe() const override { return "blocking"; }
+
+ private:
+  const int fd_;
+  Schema schema_;
+  int reads_ = 0;
+};
+
+TEST(BinaryFormatTest, AKilledConversionLeavesNothingBehind) {
+  const std::string dir = TempPath("killed");
+  std::filesystem::create_directories(dir);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(fds[0]);
+    BlockingSource source(fds[1]);
+    (void)WriteBinary(source, dir + "/out.bin");
+    _exit(0);
+  }
+  close(fds[1]);
+  char byte = 0;
+  ASSERT_EQ(read(fds[0], &byte, 1), 1);  // the child is in the middle of the conversion
+  close(fds[0]);
+  // Its output and four spill files are open in `dir`, without names.
+  int open_in_dir = 0;
+  const std::string real_dir = std::filesystem::canonical(dir).string();
+  const std::string fd_dir = "/proc/" + std::to_string(child) + "/fd";
+  for (const auto& entry : std::filesystem::directory_iterator(fd_dir)) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
+    if (target.rfind(real_dir + "/", 0) == 0) ++open_in_dir;
+  }
+  EXPECT_EQ(open_in_dir, 5);
+  kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status));
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    left.push_back(entry.path().filename().string());
+  }
+  EXPECT_THAT(left, ::testing::IsEmpty());
+}
+
+TEST(BinaryFormatTest, ConvertingOverAnExistingFileReplacesIt) {
+  const std::string dir = TempPath("replace");
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/out.bin";
+  for (const std::string spec : {"samples=50,scale=0.001,seed=1", "samples=70,scale=0.001"}) {
+    auto source = Must(OpenSynthetic(spec, {}));
+    ASSERT_TRUE(WriteBinary(*source, path).ok());
+  }
+  auto binary = Must(OpenBinary(path, {}));
+  EXPECT_THAT(binary->Describe(), HasSubstr("70 samples"));
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    files.push_back(entry.path().filename().string());
+  }
+  EXPECT_EQ(files, std::vector<std::string>{"out.bin"});
+  std::filesystem::remove(path);
+  // A directory or a missing directory as the output fails before reading the source.
+  auto source = Must(OpenSynthetic("samples=10,scale=0.001", {}));
+  EXPECT_THAT(std::string(WriteBinary(*source, dir).status().message()), HasSubstr("a directory"));
+  EXPECT_THAT(std::string(WriteBinary(*source, dir + "/no/such/dir/x.bin").status().message()),
+              HasSubstr("cannot create"));
+  EXPECT_EQ(source->stats().samples, 0);
 }
 
 TEST(BinaryFormatTest, MissingFileIsNotFound) {
