@@ -1,5 +1,7 @@
 #include "data/criteo_reader.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -13,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/excerpt.h"
 #include "core/status.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
@@ -42,9 +45,14 @@ struct ParsedLine {
 };
 
 // Parses `line` (without its '\n'); on failure sets out->error to "LINE:COL: what".
-void ParseLine(absl::string_view line, int64_t line_number, ParsedLine* out) {
+void ParseLine(absl::string_view line, int64_t line_number, int64_t max_line_bytes,
+               ParsedLine* out) {
   out->error.clear();
   out->missing = 0;
+  if (static_cast<int64_t>(line.size()) > max_line_bytes) {
+    out->error = absl::StrCat(line_number, ": line longer than ", max_line_bytes, " bytes");
+    return;
+  }
   if (!line.empty() && line.back() == '\r') {
     out->error = absl::StrCat(line_number, ":", line.size(),
                               ": line ends with CRLF (\\r\\n); Criteo files use LF line endings");
@@ -74,7 +82,8 @@ void ParseLine(absl::string_view line, int64_t line_number, ParsedLine* out) {
     const size_t column = begin + 1;
     if (field == 0) {
       if (text != "0" && text != "1") {
-        out->error = absl::StrCat(line_number, ":", column, ": label '", text, "' must be 0 or 1");
+        out->error =
+            absl::StrCat(line_number, ":", column, ": label '", Excerpt(text), "' must be 0 or 1");
         return;
       }
       out->label = text[0] == '1' ? 1.0f : 0.0f;
@@ -85,7 +94,7 @@ void ParseLine(absl::string_view line, int64_t line_number, ParsedLine* out) {
         const auto [ptr, ec] = std::from_chars(first, last, parsed);
         if (ec != std::errc() || ptr != last) {
           out->error = absl::StrCat(line_number, ":", column, ": dense field ", FieldName(field),
-                                    " '", text, "' is not an integer");
+                                    " '", Excerpt(text), "' is not an integer");
           return;
         }
         value = static_cast<float>(std::log1p(static_cast<double>(std::max<int64_t>(parsed, 0))));
@@ -102,7 +111,7 @@ void ParseLine(absl::string_view line, int64_t line_number, ParsedLine* out) {
         if (ec != std::errc() || ptr != last || text.size() > 16) {
           out->error =
               absl::StrCat(line_number, ":", column, ": categorical field ", FieldName(field), " '",
-                           text, "' is not a hexadecimal value (up to 16 hex digits)");
+                           Excerpt(text), "' is not a hexadecimal value (up to 16 hex digits)");
           return;
         }
         out->values[table] = parsed;
@@ -116,8 +125,8 @@ void ParseLine(absl::string_view line, int64_t line_number, ParsedLine* out) {
 
 class CriteoSource final : public SampleSource {
  public:
-  CriteoSource(std::string path, std::FILE* file, const SourceOptions& options)
-      : path_(std::move(path)), file_(file), options_(options) {
+  CriteoSource(std::string path, std::FILE* file, const SourceOptions& options, size_t chunk_bytes)
+      : path_(std::move(path)), file_(file), options_(options), chunk_bytes_(chunk_bytes) {
     for (int c = 0; c < kCriteoDense; ++c) schema_.dense_names.push_back(FieldName(c + 1));
     for (int t = 0; t < kCriteoTables; ++t) {
       schema_.table_names.push_back(FieldName(1 + kCriteoDense + t));
@@ -157,7 +166,11 @@ class CriteoSource final : public SampleSource {
       cursor_ += take;
       got += take;
     }
-    if (got == 0) return 0;
+    if (got == 0) {
+      // The end of an epoch that yielded nothing: the file has no usable line.
+      if (position_ == 0) return NoData();
+      return 0;
+    }
     const int32_t n = static_cast<int32_t>(got);
     batch->num_samples = n;
     batch->offsets.resize(static_cast<size_t>(kCriteoTables) * n + 1);
@@ -200,6 +213,15 @@ class CriteoSource final : public SampleSource {
   }
 
  private:
+  absl::Status NoData() const {
+    if (stats_.skipped_lines == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("criteo: '", path_, "' has no data lines"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "criteo: '", path_, "' has no valid line (", stats_.skipped_lines,
+        " skipped; the first: ", stats_.first_errors.empty() ? "" : stats_.first_errors[0], ")"));
+  }
+
   void EncodeTable(int t, int32_t n, Batch* batch) {
     int64_t* ids = batch->ids.data() + static_cast<size_t>(t) * n;
     const uint32_t bit = uint32_t{1} << t;
@@ -237,9 +259,9 @@ class CriteoSource final : public SampleSource {
       carry_.clear();
       if (!eof_) {
         const size_t old = buffer_.size();
-        buffer_.resize(old + kChunkBytes);
-        const size_t read = std::fread(buffer_.data() + old, 1, kChunkBytes, file_);
-        if (read < kChunkBytes) {
+        buffer_.resize(old + chunk_bytes_);
+        const size_t read = std::fread(buffer_.data() + old, 1, chunk_bytes_, file_);
+        if (read < chunk_bytes_) {
           if (std::ferror(file_)) {
             return absl::DataLossError(absl::StrCat(path_, ": read error after line ", line_number_,
                                                     ": ", std::strerror(errno)));
@@ -254,7 +276,13 @@ class CriteoSource final : public SampleSource {
       if (!eof_) {
         const size_t last_newline = buffer_.rfind('\n');
         if (last_newline == std::string::npos) {
-          carry_.swap(buffer_);  // one line longer than a block: read more
+          // One line longer than a block: read more, up to the line length limit.
+          if (static_cast<int64_t>(buffer_.size()) > options_.max_line_bytes) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                path_, ":", line_number_ + 1, ": line longer than ", options_.max_line_bytes,
+                " bytes (no line break; not a Criteo TSV file?)"));
+          }
+          carry_.swap(buffer_);
           continue;
         }
         usable = last_newline + 1;
@@ -271,15 +299,15 @@ class CriteoSource final : public SampleSource {
       if (lines_.size() < count) lines_.resize(count);
       const int64_t first_line = line_number_ + 1;
       const absl::string_view text(buffer_.data(), usable);
-      tbb::parallel_for(tbb::blocked_range<size_t>(0, count, 256),
-                        [&](const tbb::blocked_range<size_t>& range) {
-                          for (size_t i = range.begin(); i < range.end(); ++i) {
-                            size_t end = starts_[i + 1];
-                            if (end > starts_[i] && text[end - 1] == '\n') --end;
-                            ParseLine(text.substr(starts_[i], end - starts_[i]),
-                                      first_line + static_cast<int64_t>(i), &lines_[i]);
-                          }
-                        });
+      tbb::parallel_for(
+          tbb::blocked_range<size_t>(0, count, 256), [&](const tbb::blocked_range<size_t>& range) {
+            for (size_t i = range.begin(); i < range.end(); ++i) {
+              size_t end = starts_[i + 1];
+              if (end > starts_[i] && text[end - 1] == '\n') --end;
+              ParseLine(text.substr(starts_[i], end - starts_[i]),
+                        first_line + static_cast<int64_t>(i), options_.max_line_bytes, &lines_[i]);
+            }
+          });
       line_number_ += static_cast<int64_t>(count);
       stats_.lines += static_cast<int64_t>(count);
       good_.clear();
@@ -303,6 +331,7 @@ class CriteoSource final : public SampleSource {
   const std::string path_;
   std::FILE* const file_;
   const SourceOptions options_;
+  const size_t chunk_bytes_;
   Schema schema_;
   SourceStats stats_;
   std::vector<absl::flat_hash_map<uint64_t, int64_t>> dictionaries_;  // dictionary encoding only
@@ -327,10 +356,12 @@ class CriteoSource final : public SampleSource {
 
 absl::StatusOr<std::unique_ptr<SampleSource>> OpenCriteo(const std::string& path,
                                                          const SourceOptions& options) {
-  if (options.row_budget < 0 || options.row_budget == 1) {
+  if (options.row_budget < 0 || options.row_budget == 1 ||
+      options.row_budget > (int64_t{1} << 62) / kCriteoTables) {
     return absl::InvalidArgumentError(
         absl::StrCat("criteo:", path, ": row budget ", options.row_budget,
-                     " must be 0 (dictionary encoding) or >= 2 (row 0 is the missing row)"));
+                     " must be 0 (dictionary encoding) or in [2, 2^62 / 26] (row 0 is the "
+                     "missing row)"));
   }
   std::FILE* file = std::fopen(path.c_str(), "rb");
   if (file == nullptr) {
@@ -340,12 +371,24 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenCriteo(const std::string& path
     if (error == ENOENT) return absl::NotFoundError(message);
     return absl::InvalidArgumentError(message);
   }
-  if (std::fseek(file, 0, SEEK_END) != 0 || std::ftell(file) <= 0) {
+  // Regular files must hold something; pipes and devices stream (and cannot be rewound).
+  struct stat st;
+  if (fstat(fileno(file), &st) != 0) {
+    const std::string message =
+        absl::StrCat("criteo: cannot stat '", path, "': ", std::strerror(errno));
     std::fclose(file);
-    return absl::InvalidArgumentError(absl::StrCat("criteo: '", path, "' is empty"));
+    return absl::InvalidArgumentError(message);
   }
-  std::fseek(file, 0, SEEK_SET);
-  return std::unique_ptr<SampleSource>(new CriteoSource(path, file, options));
+  if (S_ISDIR(st.st_mode) || (S_ISREG(st.st_mode) && st.st_size == 0)) {
+    std::fclose(file);
+    return absl::InvalidArgumentError(
+        absl::StrCat("criteo: '", path, "' is ", S_ISDIR(st.st_mode) ? "a directory" : "empty"));
+  }
+  // A small file needs no full-sized chunk (zero-filling 4 MiB per read would dominate).
+  const size_t chunk = S_ISREG(st.st_mode)
+                           ? std::min(kChunkBytes, static_cast<size_t>(st.st_size) + 1)
+                           : kChunkBytes;
+  return std::unique_ptr<SampleSource>(new CriteoSource(path, file, options, chunk));
 }
 
 }  // namespace bagpipe

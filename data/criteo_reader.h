@@ -8,8 +8,10 @@
 //
 // Parsing is parallel (TBB) over chunks of lines and streams the file; dictionary ids are
 // assigned in sample order, so the result does not depend on the thread count.
-// Errors name the file, line and column: wrong column count, a non-hex categorical, a
-// non-integer dense value, CRLF line endings, an empty or unreadable file.
+// Errors name the file, line and column, echoing values as short escaped excerpts: wrong column
+// count, a non-hex categorical, a non-integer dense value, CRLF line endings, a line longer than
+// SourceOptions::max_line_bytes, an empty file, a directory, a file with no valid line. Pipes and
+// devices are read as streams (one epoch: they cannot be rewound).
 #ifndef BAGPIPE_DATA_CRITEO_READER_H_
 #define BAGPIPE_DATA_CRITEO_READER_H_
 

@@ -1,5 +1,7 @@
 #include "data/csv_reader.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -12,11 +14,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "core/excerpt.h"
 #include "core/status.h"
 
 namespace bagpipe {
@@ -26,6 +30,7 @@ namespace {
 // line break, so that a bad line can be skipped without losing the rest of the file.
 constexpr size_t kBlockBytes = size_t{1} << 20;
 constexpr size_t kMaxKeptErrors = 10;
+constexpr absl::string_view kUtf8Bom = "\xEF\xBB\xBF";
 
 // Values that mean "missing" (as in R and pandas exports such as MovieLens' "NA" years): dense
 // features read them as 0 and sparse features as row 0. A label may not be missing.
@@ -107,8 +112,8 @@ bool SplitCsvLine(absl::string_view line, std::vector<std::string>* fields, size
       }
       if (i < line.size() && line[i] != ',') {
         *bad_column = i + 1;
-        *what =
-            absl::StrCat("unexpected character '", line.substr(i, 1), "' after a closing quote");
+        *what = absl::StrCat("unexpected character '", Excerpt(line.substr(i, 1)),
+                             "' after a closing quote");
         return false;
       }
     } else {
@@ -128,9 +133,16 @@ absl::StatusOr<int> FindColumn(const std::vector<std::string>& header, absl::str
   for (size_t c = 0; c < header.size(); ++c) {
     if (header[c] == name) return static_cast<int>(c);
   }
+  // The header may be hostile too: list a few columns, each cut short.
+  constexpr size_t kListed = 20;
+  std::vector<std::string> listed;
+  for (size_t c = 0; c < std::min(header.size(), kListed); ++c) {
+    listed.push_back(absl::StrCat("'", Excerpt(header[c]), "'"));
+  }
+  if (header.size() > kListed) listed.push_back(absl::StrCat("... (", header.size(), " columns)"));
   return absl::InvalidArgumentError(
-      absl::StrCat("csv spec clause '", clause, "': unknown column '", name,
-                   "' (the header has: ", absl::StrJoin(header, ", "), ")"));
+      absl::StrCat("csv spec clause '", Excerpt(clause, 200), "': unknown column '", Excerpt(name),
+                   "' (the header has: ", absl::StrJoin(listed, ", "), ")"));
 }
 
 // If `item` is "fn(args)" sets *args and returns true.
@@ -162,13 +174,15 @@ absl::Status ParseLabel(absl::string_view value, absl::string_view clause,
   } else if (op == "==") {
     spec->compare = Compare::kEqual;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("csv spec clause '", clause, "': bad operator '",
-                                                   op, "' (expected >, >=, <, <= or ==)"));
+    return absl::InvalidArgumentError(absl::StrCat("csv spec clause '", Excerpt(clause, 200),
+                                                   "': bad operator '", Excerpt(op),
+                                                   "' (expected >, >=, <, <= or ==)"));
   }
   const absl::string_view threshold = absl::StripAsciiWhitespace(value.substr(op_end));
   if (!absl::SimpleAtod(threshold, &spec->threshold)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "csv spec clause '", clause, "': unparsable number '", threshold, "' after '", op, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("csv spec clause '", Excerpt(clause, 200),
+                                                   "': unparsable number '", Excerpt(threshold),
+                                                   "' after '", Excerpt(op), "'"));
   }
   return absl::OkStatus();
 }
@@ -184,8 +198,9 @@ absl::StatusOr<Spec> ParseSpec(absl::string_view text, const std::vector<std::st
     if (clause.empty()) continue;
     const size_t eq = clause.find('=');
     if (eq == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "csv spec clause '", clause, "' is not KEY=VALUE (keys: label, dense, sparse)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("csv spec clause '", Excerpt(clause, 200),
+                       "' is not KEY=VALUE (keys: label, dense, sparse)"));
     }
     const absl::string_view key =
         absl::StripAsciiWhitespace(absl::string_view(clause).substr(0, eq));
@@ -194,7 +209,7 @@ absl::StatusOr<Spec> ParseSpec(absl::string_view text, const std::vector<std::st
     if (key == "label") {
       if (spec.label_column >= 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat("csv spec clause '", clause, "': the label is already set"));
+            absl::StrCat("csv spec clause '", Excerpt(clause, 200), "': the label is already set"));
       }
       RETURN_IF_ERROR(ParseLabel(value, clause, header, &spec));
     } else if (key == "dense") {
@@ -213,8 +228,9 @@ absl::StatusOr<Spec> ParseSpec(absl::string_view text, const std::vector<std::st
         if (Call(item, "split", &args)) {
           const size_t comma = args.find(',');
           if (comma == absl::string_view::npos || comma + 1 >= args.size()) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "csv spec clause '", clause, "': '", item, "' must be split(COLUMN,SEPARATOR)"));
+            return absl::InvalidArgumentError(
+                absl::StrCat("csv spec clause '", Excerpt(clause, 200), "': '", Excerpt(item),
+                             "' must be split(COLUMN,SEPARATOR)"));
           }
           name = absl::StripAsciiWhitespace(args.substr(0, comma));
           sparse.separator = std::string(args.substr(comma + 1));
@@ -224,21 +240,22 @@ absl::StatusOr<Spec> ParseSpec(absl::string_view text, const std::vector<std::st
         spec.table_names.emplace_back(name);
       }
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "csv spec clause '", clause, "': unknown key '", key, "' (keys: label, dense, sparse)"));
+      return absl::InvalidArgumentError(absl::StrCat("csv spec clause '", Excerpt(clause, 200),
+                                                     "': unknown key '", Excerpt(key),
+                                                     "' (keys: label, dense, sparse)"));
     }
   }
   if (spec.label_column < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("csv spec '", text, "' has no label=COLUMN clause"));
+        absl::StrCat("csv spec '", Excerpt(text, 200), "' has no label=COLUMN clause"));
   }
   return spec;
 }
 
 class CsvSource final : public SampleSource {
  public:
-  CsvSource(std::string path, std::FILE* file, const SourceOptions& options)
-      : path_(std::move(path)), file_(file), options_(options) {}
+  CsvSource(std::string path, std::FILE* file, const SourceOptions& options, size_t block_bytes)
+      : path_(std::move(path)), file_(file), options_(options), block_bytes_(block_bytes) {}
   ~CsvSource() override { std::fclose(file_); }
 
   // Reads the header and the spec; called once by OpenCsv.
@@ -248,6 +265,8 @@ class CsvSource final : public SampleSource {
     if (!has_header) {
       return absl::InvalidArgumentError(absl::StrCat("csv: '", path_, "' is empty"));
     }
+    // A UTF-8 byte order mark (spreadsheet exports) is not part of the first column's name.
+    if (absl::StartsWith(header_line, kUtf8Bom)) header_line.erase(0, kUtf8Bom.size());
     size_t bad_column = 0;
     std::string what;
     if (!SplitCsvLine(header_line, &header_, &bad_column, &what)) {
@@ -294,7 +313,11 @@ class CsvSource final : public SampleSource {
       }
       ++got;
     }
-    if (got == 0) return 0;
+    if (got == 0) {
+      // The end of an epoch that yielded nothing: the file has no usable data.
+      if (position_ == 0) return NoData();
+      return 0;
+    }
     const int32_t n = static_cast<int32_t>(got);
     batch->num_samples = n;
     batch->offsets.assign(static_cast<size_t>(tables) * n + 1, 0);
@@ -341,9 +364,9 @@ class CsvSource final : public SampleSource {
           if (line->empty()) return false;
           break;
         }
-        block_.resize(kBlockBytes);
-        const size_t read = std::fread(block_.data(), 1, kBlockBytes, file_);
-        if (read < kBlockBytes) {
+        block_.resize(block_bytes_);
+        const size_t read = std::fread(block_.data(), 1, block_bytes_, file_);
+        if (read < block_bytes_) {
           if (std::ferror(file_)) {
             return absl::DataLossError(absl::StrCat(path_, ": read error after line ", line_number_,
                                                     ": ", std::strerror(errno)));
@@ -359,6 +382,11 @@ class CsvSource final : public SampleSource {
       const void* nl = std::memchr(begin, '\n', block_.size() - block_pos_);
       const size_t len =
           nl == nullptr ? block_.size() - block_pos_ : static_cast<const char*>(nl) - begin;
+      if (static_cast<int64_t>(line->size() + len) > options_.max_line_bytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path_, ":", line_number_ + 1, ": line longer than ",
+                         options_.max_line_bytes, " bytes (no line break; not a CSV text file?)"));
+      }
       line->append(begin, len);
       block_pos_ += len;
       file_offset_ += static_cast<int64_t>(len);
@@ -371,6 +399,16 @@ class CsvSource final : public SampleSource {
     ++line_number_;
     if (!line->empty() && line->back() == '\r') line->pop_back();
     return true;
+  }
+
+  absl::Status NoData() const {
+    if (stats_.skipped_lines == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("csv: '", path_, "' has a header but no data lines"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "csv: '", path_, "' has no valid data line (", stats_.skipped_lines,
+        " skipped; the first: ", stats_.first_errors.empty() ? "" : stats_.first_errors[0], ")"));
   }
 
   absl::Status LineError(size_t column, absl::string_view what) const {
@@ -401,21 +439,37 @@ class CsvSource final : public SampleSource {
       }
       return column;
     };
+    // A finite number (inf, -inf and 1e400 are refused: they would make the loss NaN).
     auto number = [&](int field, absl::string_view role, double* out) -> absl::Status {
       const std::string& text = fields_[field];
       if (!absl::SimpleAtod(text, out) || std::isnan(*out)) {
-        return LineError(column_of(field), absl::StrCat(role, " column '", header_[field], "': '",
-                                                        text, "' is not a number"));
+        return LineError(column_of(field),
+                         absl::StrCat(role, " column '", Excerpt(header_[field]), "': '",
+                                      Excerpt(text), "' is not a number"));
+      }
+      if (!std::isfinite(*out)) {
+        return LineError(column_of(field),
+                         absl::StrCat(role, " column '", Excerpt(header_[field]), "': '",
+                                      Excerpt(text), "' is not a finite float"));
       }
       return absl::OkStatus();
     };
     double label = 0;
     if (IsMissing(fields_[spec_.label_column])) {
       return LineError(column_of(spec_.label_column),
-                       absl::StrCat("label column '", header_[spec_.label_column],
-                                    "' is missing ('", fields_[spec_.label_column], "')"));
+                       absl::StrCat("label column '", Excerpt(header_[spec_.label_column]),
+                                    "' is missing ('", Excerpt(fields_[spec_.label_column]), "')"));
     }
     RETURN_IF_ERROR(number(spec_.label_column, "label", &label));
+    if (spec_.compare == Compare::kNone && !(label >= 0 && label <= 1)) {
+      return LineError(
+          column_of(spec_.label_column),
+          absl::StrCat("label column '", Excerpt(header_[spec_.label_column]),
+                       "': ", Excerpt(fields_[spec_.label_column]),
+                       " is outside [0, 1] (labels are click probabilities; for other values "
+                       "use a comparison, e.g. label=",
+                       Excerpt(header_[spec_.label_column]), ">3.5)"));
+    }
     double dense_values[64];
     std::vector<double> dense_heap;
     double* dense_out = dense_values;
@@ -426,9 +480,15 @@ class CsvSource final : public SampleSource {
     for (size_t d = 0; d < spec_.dense.size(); ++d) {
       const DenseColumn& column = spec_.dense[d];
       double value = 0;
-      if (!IsMissing(fields_[column.column]))
+      if (!IsMissing(fields_[column.column])) {
         RETURN_IF_ERROR(number(column.column, "dense", &value));
+      }
       if (column.log) value = std::log1p(std::max(value, 0.0));
+      if (!std::isfinite(static_cast<float>(value))) {
+        return LineError(column_of(column.column),
+                         absl::StrCat("dense column '", Excerpt(header_[column.column]), "': '",
+                                      Excerpt(fields_[column.column]), "' is not a finite float"));
+      }
       dense_out[d] = value;
     }
     // The line is valid: only now may dictionaries grow.
@@ -491,6 +551,7 @@ class CsvSource final : public SampleSource {
   const std::string path_;
   std::FILE* const file_;
   const SourceOptions options_;
+  const size_t block_bytes_;
   Spec spec_;
   std::vector<std::string> header_;
   Schema schema_;
@@ -520,7 +581,19 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenCsv(const std::string& path,
     if (error == ENOENT) return absl::NotFoundError(message);
     return absl::InvalidArgumentError(message);
   }
-  auto source = std::make_unique<CsvSource>(path, file, options);
+  struct stat st;
+  const bool stated = fstat(fileno(file), &st) == 0;
+  if (!stated || S_ISDIR(st.st_mode)) {
+    const std::string message = absl::StrCat("csv: cannot read '", path,
+                                             "': ", stated ? "a directory" : std::strerror(errno));
+    std::fclose(file);
+    return absl::InvalidArgumentError(message);
+  }
+  // A small file needs no full-sized block (zero-filling 1 MiB per read would dominate).
+  const size_t block = S_ISREG(st.st_mode)
+                           ? std::min(kBlockBytes, static_cast<size_t>(st.st_size) + 1)
+                           : kBlockBytes;
+  auto source = std::make_unique<CsvSource>(path, file, options, block);
   RETURN_IF_ERROR(source->Init());
   return std::unique_ptr<SampleSource>(std::move(source));
 }

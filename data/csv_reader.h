@@ -2,14 +2,17 @@
 //
 // The file has a header line naming its columns (RFC 4180 quoting: "a,b" and "" inside quotes).
 // The spec (SourceOptions::schema) says how columns become a sample, clauses separated by ';':
-//   label=COL            the label is COL's numeric value
+//   label=COL            the label is COL's numeric value, in [0, 1]
 //   label=COL>X          1 when COL > X else 0 (also >=, <, <=, ==)
-//   dense=C1,C2,...      dense features; each C or log(C) for log(1 + max(x, 0)); missing = 0
+//   dense=C1,C2,...      dense features; each C or log(C) for log(1 + max(x, 0)); missing = 0;
+//                        inf, -inf and values beyond the float range are errors
 //   sparse=C1,C2,...     one table per column, values dictionary-encoded exactly (first
 //                        appearance = next row, from 1; row 0 = missing); split(C,|) makes a
 //                        multi-hot bag of the values separated by '|'
 // Example (MovieLens): "label=rating>3.5; dense=year; sparse=userId,movieId,genres".
-// Errors name the file, line and column, or the spec clause (unknown column, bad operator).
+// Errors name the file, line and column, or the spec clause (unknown column, bad operator), and
+// echo values as short escaped excerpts. A UTF-8 byte order mark before the header is skipped;
+// CR LF line endings are accepted; a file with a header but no (valid) data line is an error.
 #ifndef BAGPIPE_DATA_CSV_READER_H_
 #define BAGPIPE_DATA_CSV_READER_H_
 

@@ -134,6 +134,10 @@ absl::StatusOr<bool> BatchStream::Next(Batch* batch) {
     }
     // End of an epoch.
     const bool partial = batch->num_samples > 0;
+    if (epoch_ == 0 && batches_ == 0 && !partial) {
+      done_ = true;
+      return absl::FailedPreconditionError(absl::StrCat(source_->Describe(), " yields no samples"));
+    }
     if (partial && !options_.drop_last) break;  // return the short batch; rewind next call
     batch->Reset(source_->schema().num_dense(), source_->schema().num_tables());
     ++epoch_;

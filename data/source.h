@@ -7,8 +7,10 @@
 //   bin:PATH                    Bagpipe's binary columnar format (written by `bagpipe convert`)
 //
 // A source is single-threaded from the caller's view (it may parallelise internally with TBB).
-// Errors in the data are reported with file, line and column; with skip_bad_lines the bad line
-// is counted in SourceStats and skipped instead.
+// Errors in the data are reported with file, line and column (record index for binary files),
+// with any echoed value cut to a short escaped excerpt (core/excerpt.h); with skip_bad_lines the
+// bad line is counted in SourceStats and skipped instead. A text source whose first epoch holds
+// no valid line is an error naming the file. Labels are in [0, 1] and dense values finite.
 #ifndef BAGPIPE_DATA_SOURCE_H_
 #define BAGPIPE_DATA_SOURCE_H_
 
@@ -66,6 +68,9 @@ struct SourceOptions {
   int64_t row_budget = 0;
   // Stop after this many samples per epoch (-1 = all).
   int64_t max_samples = -1;
+  // Text readers refuse a longer line (a binary file, /dev/zero, a missing line break) with an
+  // error naming the line, instead of growing without bound.
+  int64_t max_line_bytes = int64_t{16} << 20;
 };
 
 // Opens a source from its command-line name (see the file comment).
@@ -86,7 +91,8 @@ absl::StatusOr<int64_t> CountSamples(SampleSource& source);
 
 // Global batches of `batch_size` consecutive samples from a source: the unit the oracle plans.
 // With `epochs` > 1 (or 0 = endless) the source is rewound at its end; with drop_last the final
-// partial batch of each epoch is dropped (otherwise it is returned short).
+// partial batch of each epoch is dropped (otherwise it is returned short). A source that yields
+// no sample at all is an error (FailedPrecondition naming it), not an empty stream.
 class BatchStream {
  public:
   struct Options {

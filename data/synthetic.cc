@@ -350,10 +350,17 @@ absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
     config.table_rows.assign(CriteoKaggleTableRows().begin(),
                              CriteoKaggleTableRows().begin() + tables);
   }
-  if (scale != 1.0) {
-    for (int64_t& rows : config.table_rows) {
-      rows = std::max<int64_t>(2, static_cast<int64_t>(std::llround(rows * scale)));
+  // Global row ids linearise every table: the total must stay far from the int64 range.
+  constexpr double kMaxRows = 0x1p62;
+  double total = 0;
+  for (int64_t& rows : config.table_rows) {
+    const double scaled = std::round(static_cast<double>(rows) * scale);
+    total += scaled;
+    if (!(total < kMaxRows)) {
+      return absl::InvalidArgumentError(
+          "synthetic: the tables hold more than 2^62 rows in all (lower rows= or scale=)");
     }
+    if (scale != 1.0) rows = std::max<int64_t>(2, static_cast<int64_t>(scaled));
   }
   return config;
 }

@@ -296,5 +296,47 @@ TEST(CriteoReaderTest, SkipBadLinesCountsAndKeepsErrors) {
   EXPECT_EQ(all.labels, (std::vector<float>{1, 1, 0}));
 }
 
+TEST(CriteoReaderTest, EchoedValuesAreShortAndEscaped) {
+  // A 10 MB categorical value, a NUL and a CR inside fields, a byte order mark before the label.
+  std::string path = WriteFile("huge.tsv", Line(1, "3", std::string(10'000'000, 'f') + "g") + "\n");
+  absl::Status status = ReadError(path);
+  EXPECT_THAT(std::string(status.message()), HasSubstr(":1:"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("C1 'ffff"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("... (10000001 bytes)' is not a hex"));
+  EXPECT_LT(status.message().size(), path.size() + 200);
+  path = WriteFile("nul.tsv", Line(1, std::string("4\0", 2)) + "\n");
+  EXPECT_THAT(std::string(ReadError(path).message()),
+              HasSubstr(":1:3: dense field I1 '4\\x00' is not an integer"));
+  path = WriteFile("cr.tsv", Line(1, "3", "ab\rcd") + "\n");
+  EXPECT_THAT(std::string(ReadError(path).message()), HasSubstr("C1 'ab\\rcd'"));
+  path = WriteFile("bom.tsv", "\xEF\xBB\xBF" + Line() + "\n");
+  EXPECT_THAT(std::string(ReadError(path).message()),
+              HasSubstr(":1:1: label '\\xef\\xbb\\xbf\\x31' must be 0 or 1"));
+}
+
+TEST(CriteoReaderTest, LinesLongerThanTheLimitAreRefused) {
+  SourceOptions options;
+  options.max_line_bytes = 1000;
+  // A line inside one block, and an endless stream without line breaks.
+  std::string path = WriteFile("long.tsv", Line() + "\n" + std::string(5000, '1') + "\n");
+  EXPECT_THAT(std::string(ReadError(path, options).message()),
+              HasSubstr(path + ":2: line longer than 1000 bytes"));
+  options.max_line_bytes = 6 << 20;
+  EXPECT_THAT(std::string(ReadError("/dev/zero", options).message()),
+              HasSubstr("/dev/zero:1: line longer than 6291456 bytes (no line break"));
+}
+
+TEST(CriteoReaderTest, DirectoriesDevicesAndFilesWithoutValidLines) {
+  EXPECT_THAT(std::string(OpenCriteo(::testing::TempDir(), {}).status().message()),
+              HasSubstr("is a directory"));
+  EXPECT_THAT(std::string(ReadError("/dev/null").message()),
+              HasSubstr("criteo: '/dev/null' has no data lines"));
+  SourceOptions options;
+  options.skip_bad_lines = true;
+  const std::string path = WriteFile("all_bad.tsv", "x\n" + Line(3) + "\n");
+  EXPECT_THAT(std::string(ReadError(path, options).message()),
+              HasSubstr("has no valid line (2 skipped; the first: " + path + ":1:"));
+}
+
 }  // namespace
 }  // namespace bagpipe

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/data/data_testing.h"
@@ -101,13 +102,12 @@ TEST(CsvReaderTest, OperatorsAndLogDense) {
     const Batch all = ReadAll(*source, 10);
     EXPECT_EQ(all.labels, expected) << label;
   };
-  check("a", {1, 3, 2});
   check("a>2", {0, 1, 0});
   check("a>=2", {0, 1, 1});
   check("a<2", {1, 0, 0});
   check("a<=2", {1, 0, 1});
   check("a==2", {0, 0, 1});
-  auto source = Open(path, Spec("label=a; dense=log(b),b; sparse=c"));
+  auto source = Open(path, Spec("label=a>1; dense=log(b),b; sparse=c"));
   const Batch all = ReadAll(*source, 10);
   EXPECT_EQ(source->schema().dense_names, (std::vector<std::string>{"log(b)", "b"}));
   EXPECT_FLOAT_EQ(all.dense[0], std::log(3.0f));
@@ -233,6 +233,99 @@ TEST(CsvReaderTest, SkipBadLines) {
   EXPECT_THAT(stats.first_errors[0], HasSubstr(":3:"));
   EXPECT_THAT(stats.first_errors[1], HasSubstr("unterminated quote"));
   EXPECT_THAT(stats.first_errors[2], HasSubstr(":5:"));
+}
+
+TEST(CsvReaderTest, RawLabelsMustBeInZeroOne) {
+  // Probabilities are labels as they are.
+  std::string path = WriteFile("soft.csv", "p,c\n0,x\n0.25,y\n1,x\n");
+  auto source = Open(path, Spec("label=p; sparse=c"));
+  EXPECT_EQ(ReadAll(*source, 10).labels, (std::vector<float>{0, 0.25f, 1}));
+  // A rating is not: the message suggests a comparison.
+  path = WriteFile("rating.csv", "r,c\n1,x\n7,y\n");
+  const absl::Status status = ReadError(path, Spec("label=r; sparse=c"));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr(path + ":3:1: label column 'r': 7 is outside [0, 1]"));
+  EXPECT_THAT(status.message(), HasSubstr("label=r>3.5"));
+}
+
+TEST(CsvReaderTest, NonFiniteNumbersAreRefusedWithLineAndColumn) {
+  const SourceOptions options = Spec("label=a>1; dense=b; sparse=c");
+  for (const std::string value : {"inf", "-inf", "Infinity", "1e400", "-1e39"}) {
+    const std::string path = WriteFile("inf.csv", "a,b,c\n1,2,x\n1," + value + ",x\n");
+    const absl::Status status = ReadError(path, options);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << value;
+    EXPECT_THAT(status.message(),
+                HasSubstr(path + ":3:3: dense column 'b': '" + value + "' is not a finite float"));
+  }
+  const std::string path = WriteFile("inflabel.csv", "a,b,c\ninf,2,x\n");
+  EXPECT_THAT(ReadError(path, options).message(),
+              HasSubstr(":2:1: label column 'a': 'inf' is not a finite float"));
+  // log(C) of a huge value is finite, and allowed.
+  auto source = Open(WriteFile("logbig.csv", "a,b,c\n1,1e300,x\n"),
+                     Spec("label=a>0; dense=log(b); sparse=c"));
+  EXPECT_NEAR(ReadAll(*source, 10).dense[0], std::log1p(1e300), 1e-3);
+}
+
+TEST(CsvReaderTest, AHeaderWithoutDataIsAnError) {
+  std::string path = WriteFile("header_only.csv", "a,b,c\n");
+  absl::Status status = ReadError(path, Spec("label=a; sparse=c"));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("csv: '" + path + "' has a header but no data lines"));
+  SourceOptions options = Spec("label=a; dense=b; sparse=c");
+  options.skip_bad_lines = true;
+  path = WriteFile("all_bad.csv", "a,b,c\n1,x,y\n1\n");
+  status = ReadError(path, options);
+  EXPECT_THAT(status.message(), HasSubstr("has no valid data line (2 skipped; the first: " + path +
+                                          ":2:3: dense column 'b'"));
+}
+
+TEST(CsvReaderTest, AByteOrderMarkBeforeTheHeaderIsSkipped) {
+  const std::string path = WriteFile("bom.csv",
+                                     "\xEF\xBB\xBF"
+                                     "a,b\r\n1,x\r\n0,y\r\n");
+  auto source = Open(path, Spec("label=a; sparse=b"));
+  EXPECT_EQ(ReadAll(*source, 10).labels, (std::vector<float>{1, 0}));
+  // A BOM elsewhere is data, and is shown escaped in messages.
+  const absl::Status status = ReadError(WriteFile("bom2.csv",
+                                                  "a,b\n\xEF\xBB\xBF"
+                                                  "1,x\n"),
+                                        Spec("label=a; sparse=b"));
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("label column 'a': '\\xef\\xbb\\xbf\\x31' is not a number"));
+}
+
+TEST(CsvReaderTest, EchoedValuesAreShortAndEscaped) {
+  const SourceOptions options = Spec("label=a>1; dense=b; sparse=c");
+  // A 10 MB field: the message shows its first bytes and its length.
+  std::string path = WriteFile("huge.csv", "a,b,c\n1," + std::string(10'000'000, '7') + "x,y\n");
+  absl::Status status = ReadError(path, options);
+  EXPECT_THAT(status.message(), HasSubstr(":2:3: dense column 'b': '7777"));
+  EXPECT_THAT(status.message(), HasSubstr("... (10000001 bytes)' is not a number"));
+  EXPECT_LT(status.message().size(), path.size() + 200);
+  // CR and NUL inside a field.
+  path = WriteFile("ctrl.csv", std::string("a,b,c\n1,\"4\r\0\",y\n", 17));
+  status = ReadError(path, options);
+  EXPECT_THAT(status.message(), HasSubstr("dense column 'b': '4\\r\\x00' is not a number"));
+  // A hostile header: an unknown column lists a few columns, each cut short.
+  std::string header;
+  for (int c = 0; c < 1000; ++c) absl::StrAppend(&header, c ? "," : "", std::string(1000, 'h'));
+  status = OpenCsv(WriteFile("wide.csv", header + "\n"), Spec("label=nosuch")).status();
+  EXPECT_THAT(status.message(), HasSubstr("unknown column 'nosuch'"));
+  EXPECT_THAT(status.message(), HasSubstr("... (1000 columns)"));
+  EXPECT_LT(status.message().size(), 2000u);
+}
+
+TEST(CsvReaderTest, LinesLongerThanTheLimitAreRefused) {
+  SourceOptions options = Spec("label=a; sparse=b");
+  options.max_line_bytes = 100;
+  const std::string path = WriteFile("long.csv", "a,b\n1," + std::string(500, 'x') + "\n");
+  const absl::Status status = ReadError(path, options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr(path + ":2: line longer than 100 bytes"));
+  // An endless file without line breaks (the header itself).
+  options.max_line_bytes = 1 << 20;
+  EXPECT_THAT(OpenCsv("/dev/zero", options).status().message(),
+              HasSubstr("/dev/zero:1: line longer than 1048576 bytes"));
 }
 
 }  // namespace
