@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -207,6 +208,14 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
                      static_cast<float>(stats.unique_rows - stats_start.unique_rows),
                      static_cast<float>(stats.hits - stats_start.hits)};
     RETURN_IF_ERROR(trainer.AllReduce(sums, 4));
+    // Every trainer sees the same sums, so all stop here together. Input is checked for
+    // non-finite values when it is read; what remains is divergence.
+    if (!std::isfinite(sums[0])) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "training diverged: the loss summed over iterations %d to %d is %f (not finite); "
+          "lower the learning rate (--lr, --dense-lr)",
+          iterations - interval_iterations + 1, iterations, sums[0]));
+    }
     const double seconds = interval_watch.Seconds();
     const PhaseTimes now =
         PhaseTimes::FromStats(stats, forward_backward_seconds, optimizer_seconds);
