@@ -3,6 +3,7 @@
 // (summary.json, metrics.jsonl, and params.bin when --dump-params DIR was the same directory)
 // or the path of a summary.json.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "apps/command.h"
+#include "core/json_fields.h"
 #include "core/metrics.h"
 #include "core/status.h"
 #include "trainer_hooks/param_dump.h"
@@ -20,56 +22,96 @@ namespace {
 
 namespace fs = std::filesystem;
 
+struct MetricPoint {
+  int64_t iteration = 0;
+  double loss = 0;  // NaN where the line holds null
+};
+
 struct Run {
   std::string name;
   nlohmann::json summary;
-  std::vector<nlohmann::json> metrics;  // "train" lines
-  std::string params;                   // params.bin path, empty if none
+  std::vector<MetricPoint> metrics;  // "train" lines
+  std::string params;                // params.bin path, empty if none
 };
+
+// A run's files may be damaged or hostile like any input: fields of the wrong type are errors
+// naming the file and line, never exceptions.
+absl::Status RegularFile(const fs::path& path) {
+  std::error_code error;
+  if (!fs::is_regular_file(path, error)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", path.string(), "' is not a regular file"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<Run> LoadRun(const std::string& path) {
   Run run;
   run.name = path;
   fs::path summary_path = path;
-  if (fs::is_directory(summary_path)) summary_path /= "summary.json";
+  std::error_code error;
+  if (fs::is_directory(summary_path, error)) summary_path /= "summary.json";
+  if (fs::exists(summary_path, error)) RETURN_IF_ERROR(RegularFile(summary_path));
   ASSIGN_OR_RETURN(run.summary, ReadJsonFile(summary_path.string()));
+  if (!run.summary.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(summary_path.string(), ": not a run summary (not a JSON object)"));
+  }
   const fs::path dir = summary_path.parent_path();
   fs::path metrics_path = dir / "metrics.jsonl";
-  if (fs::exists(metrics_path)) {
+  if (fs::exists(metrics_path, error)) {
+    RETURN_IF_ERROR(RegularFile(metrics_path));
     std::ifstream in(metrics_path);
     std::string line;
     int64_t number = 0;
     while (std::getline(in, line)) {
       ++number;
       if (line.empty()) continue;
-      nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      const nlohmann::json record =
+          nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       // A last line without its newline is one a killed job was writing (core/metrics.h).
       if (record.is_discarded() && in.eof()) break;
-      if (record.is_discarded()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(metrics_path.string(), ":", number, ": not a JSON line"));
+      const std::string where = absl::StrCat(metrics_path.string(), ":", number, ": ");
+      if (record.is_discarded() || !record.is_object()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, "not a JSON object"));
       }
-      if (record.value("kind", "") == "train") run.metrics.push_back(std::move(record));
+      const auto kind = record.find("kind");
+      if (kind == record.end() || !kind->is_string() || *kind != "train") continue;
+      MetricPoint point;
+      absl::StatusOr<int64_t> iteration = JsonInt64(record, "iteration");
+      if (!iteration.ok()) return Annotate(iteration.status(), where + "metrics line");
+      point.iteration = *iteration;
+      const auto loss = record.find("loss");
+      if (loss == record.end() || !(loss->is_number() || loss->is_null())) {
+        return absl::InvalidArgumentError(absl::StrCat(where, "\"loss\" is not a number"));
+      }
+      point.loss = loss->is_null() ? std::nan("") : loss->get<double>();
+      run.metrics.push_back(point);
     }
   }
   if (run.summary.contains("params")) {
-    run.params = run.summary["params"].get<std::string>();
-  } else if (fs::exists(dir / "params.bin")) {
+    absl::StatusOr<std::string> params = JsonString(run.summary, "params");
+    if (!params.ok()) return Annotate(params.status(), summary_path.string());
+    run.params = *params;
+  } else if (fs::exists(dir / "params.bin", error)) {
     run.params = (dir / "params.bin").string();
   }
   return run;
 }
 
 double Number(const nlohmann::json& j, const char* key) {
-  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
+  return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
+}
+
+std::string Text(const nlohmann::json& j, const char* key, const std::string& otherwise) {
+  return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : otherwise;
 }
 
 absl::Status RunCompare(const std::string& a_path, const std::string& b_path, bool json_out) {
   ASSIGN_OR_RETURN(Run a, LoadRun(a_path));
   ASSIGN_OR_RETURN(Run b, LoadRun(b_path));
   nlohmann::json out;
-  const std::string sha_a = a.summary.value("params_sha256", "");
-  const std::string sha_b = b.summary.value("params_sha256", "");
+  const std::string sha_a = Text(a.summary, "params_sha256", "");
+  const std::string sha_b = Text(b.summary, "params_sha256", "");
   out["identical"] = !sha_a.empty() && sha_a == sha_b;
   out["params_sha256"] = {sha_a, sha_b};
   if (!a.params.empty() && !b.params.empty()) {
@@ -90,13 +132,11 @@ absl::Status RunCompare(const std::string& a_path, const std::string& b_path, bo
   // Loss curves, aligned by iteration.
   nlohmann::json curve = nlohmann::json::array();
   size_t j = 0;
-  for (const nlohmann::json& ra : a.metrics) {
-    const int64_t it = ra.value("iteration", int64_t{0});
-    while (j < b.metrics.size() && b.metrics[j].value("iteration", int64_t{0}) < it) ++j;
-    nlohmann::json point = {{"iteration", it}, {"loss_a", ra.value("loss", 0.0)}};
-    if (j < b.metrics.size() && b.metrics[j].value("iteration", int64_t{0}) == it) {
-      point["loss_b"] = b.metrics[j].value("loss", 0.0);
-    }
+  for (const MetricPoint& ra : a.metrics) {
+    const int64_t it = ra.iteration;
+    while (j < b.metrics.size() && b.metrics[j].iteration < it) ++j;
+    nlohmann::json point = {{"iteration", it}, {"loss_a", ra.loss}};
+    if (j < b.metrics.size() && b.metrics[j].iteration == it) point["loss_b"] = b.metrics[j].loss;
     curve.push_back(point);
   }
   out["loss_curve"] = curve;
@@ -105,8 +145,8 @@ absl::Status RunCompare(const std::string& a_path, const std::string& b_path, bo
     return absl::OkStatus();
   }
   std::printf("A: %s (cache %s)\nB: %s (cache %s)\n", a.name.c_str(),
-              a.summary.value("cache", "?").c_str(), b.name.c_str(),
-              b.summary.value("cache", "?").c_str());
+              Text(a.summary, "cache", "?").c_str(), b.name.c_str(),
+              Text(b.summary, "cache", "?").c_str());
   std::printf("parameters bit-identical: %s\n", out["identical"].get<bool>() ? "yes" : "no");
   if (out.contains("params")) {
     const nlohmann::json& p = out["params"];

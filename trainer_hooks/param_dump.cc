@@ -6,8 +6,12 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "core/checked_math.h"
+#include "core/excerpt.h"
+#include "core/json_fields.h"
 #include "core/status.h"
 
 namespace bagpipe {
@@ -99,40 +103,102 @@ absl::StatusOr<ParamDump> ReadParamDump(const std::string& path) {
     return absl::NotFoundError(
         absl::StrCat("cannot open '", file_path, "': ", std::strerror(errno)));
   }
-  auto close = [&] { std::fclose(file); };
+  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(file, &std::fclose);
+  struct stat st;
+  if (fstat(fileno(file), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", file_path, "' is not a Bagpipe parameter file (not a regular file)"));
+  }
+  const int64_t size = st.st_size;
   char magic[8];
   uint64_t length = 0;
   if (std::fread(magic, 1, 8, file) != 8 || std::memcmp(magic, kMagic, 8) != 0 ||
-      std::fread(&length, sizeof(length), 1, file) != 1 || length > kHeaderBytes) {
-    close();
+      std::fread(&length, sizeof(length), 1, file) != 1) {
     return absl::DataLossError(absl::StrCat("'", file_path, "' is not a Bagpipe parameter file"));
+  }
+  constexpr uint64_t kPrefix = sizeof(kMagic) + sizeof(uint64_t);
+  if (length > kHeaderBytes - kPrefix) {
+    return absl::DataLossError(absl::StrCat("'", file_path, "': corrupt header (", length,
+                                            " header bytes announced, at most ",
+                                            kHeaderBytes - kPrefix, ")"));
+  }
+  if (size < static_cast<int64_t>(kHeaderBytes)) {
+    return absl::DataLossError(absl::StrCat("'", file_path, "': truncated header (", size,
+                                            " bytes, the header alone has ", kHeaderBytes, ")"));
   }
   std::string text(length, '\0');
   if (std::fread(text.data(), 1, length, file) != length) {
-    close();
     return absl::DataLossError(absl::StrCat("'", file_path, "': truncated header"));
   }
   ParamDump dump;
   dump.header = nlohmann::json::parse(text, nullptr, false);
-  if (dump.header.is_discarded()) {
-    close();
+  if (dump.header.is_discarded() || !dump.header.is_object()) {
     return absl::DataLossError(absl::StrCat("'", file_path, "': malformed header"));
   }
-  const int64_t dense = dump.header.value("dense_count", int64_t{0});
-  const int64_t rows = dump.header.value("rows", int64_t{0});
-  dump.record_floats = dump.header.value("record_floats", 0);
-  std::fseek(file, kHeaderBytes, SEEK_SET);
+  // Every size is checked against the file before anything is allocated.
+  auto field = [&](const char* key, int64_t max) -> absl::StatusOr<int64_t> {
+    absl::StatusOr<int64_t> value = JsonInt64(dump.header, key);
+    if (!value.ok()) return Annotate(value.status(), absl::StrCat("'", file_path, "': header"));
+    if (*value < 0 || *value > max) {
+      return absl::DataLossError(absl::StrCat("'", file_path, "': header field \"", key, "\" is ",
+                                              *value, " (expected 0 to ", max, ")"));
+    }
+    return *value;
+  };
+  constexpr int64_t kMaxRecordFloats = int64_t{1} << 24;
+  const int64_t body = size - static_cast<int64_t>(kHeaderBytes);
+  ASSIGN_OR_RETURN(const int64_t dense, field("dense_count", body / 4));
+  ASSIGN_OR_RETURN(const int64_t rows, field("rows", body / 8));
+  ASSIGN_OR_RETURN(const int64_t record_floats, field("record_floats", kMaxRecordFloats));
+  const std::optional<int64_t> row_bytes = CheckedAdd(8, record_floats * 4);
+  const std::optional<int64_t> all_rows = CheckedMul(rows, *row_bytes);
+  const std::optional<int64_t> expected =
+      all_rows ? CheckedAdd(dense * 4, *all_rows) : std::nullopt;
+  if (!expected || *expected != body) {
+    return absl::DataLossError(absl::StrCat(
+        "'", file_path, "' is ", expected && *expected < body ? "longer than" : "truncated for",
+        " its header (", dense, " dense values, ", rows, " rows of ", record_floats,
+        " floats: ", expected ? absl::StrCat(*expected) : std::string("too many"),
+        " body bytes; the file holds ", body, ")"));
+  }
+  dump.record_floats = static_cast<int>(record_floats);
+  if (std::fseek(file, static_cast<long>(kHeaderBytes), SEEK_SET) != 0) {
+    return absl::DataLossError(absl::StrCat("'", file_path, "': cannot seek to the body"));
+  }
+  Sha256 sha;
   dump.dense.resize(dense);
   dump.rows.resize(rows);
   dump.records.resize(static_cast<size_t>(rows) * dump.record_floats);
   bool ok = std::fread(dump.dense.data(), sizeof(float), dense, file) == static_cast<size_t>(dense);
+  sha.Update(dump.dense.data(), dump.dense.size() * sizeof(float));
   for (int64_t r = 0; ok && r < rows; ++r) {
+    float* record = dump.records.data() + r * dump.record_floats;
     ok = std::fread(&dump.rows[r], sizeof(RowId), 1, file) == 1 &&
-         std::fread(dump.records.data() + r * dump.record_floats, sizeof(float), dump.record_floats,
-                    file) == static_cast<size_t>(dump.record_floats);
+         std::fread(record, sizeof(float), dump.record_floats, file) ==
+             static_cast<size_t>(dump.record_floats);
+    if (!ok) break;
+    if (r > 0 && dump.rows[r] <= dump.rows[r - 1]) {
+      return absl::DataLossError(absl::StrCat("'", file_path, "': row ", r, " (RowId ",
+                                              dump.rows[r], ") does not follow RowId ",
+                                              dump.rows[r - 1], " (rows must increase)"));
+    }
+    sha.Update(&dump.rows[r], sizeof(RowId));
+    sha.Update(record, static_cast<size_t>(dump.record_floats) * sizeof(float));
   }
-  close();
-  if (!ok) return absl::DataLossError(absl::StrCat("'", file_path, "': truncated body"));
+  if (!ok) {
+    return absl::DataLossError(
+        absl::StrCat("'", file_path, "': truncated body (the file shrank while being read)"));
+  }
+  // The fingerprint the writer stored covers exactly these bytes.
+  if (dump.header.contains("sha256")) {
+    ASSIGN_OR_RETURN(const std::string stored, JsonString(dump.header, "sha256"));
+    const std::string actual = sha.HexDigest();
+    if (stored != actual) {
+      return absl::DataLossError(absl::StrCat("'", file_path,
+                                              "' is corrupt: SHA-256 of the parameters is ", actual,
+                                              ", the header says ", Excerpt(stored, 64)));
+    }
+  }
   return dump;
 }
 

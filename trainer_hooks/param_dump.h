@@ -65,7 +65,10 @@ struct ParamDump {
   int record_floats = 0;
 };
 
-// Reads DIR/params.bin (or a path to the file itself).
+// Reads DIR/params.bin (or a path to the file itself). Trusts nothing in the file: the header
+// length, the counts and the record size must describe exactly the file's size (checked without
+// overflow, before anything is allocated), rows must increase, and the body must match the
+// header's SHA-256; any other file is an error naming it.
 absl::StatusOr<ParamDump> ReadParamDump(const std::string& path);
 
 struct ParamComparison {

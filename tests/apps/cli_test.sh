@@ -127,6 +127,48 @@ for key in dense_lr:0.0 eps:1e-10 initial_accumulator:0.1; do
     failures=$((failures + 1))
   fi
 done
+# --- hostile input: a clear error naming the file and line (or flag), never a crash or hang ----
+CSV_SPEC='label=a; dense=b; sparse=c'
+printf 'a,b,c\n' >"$WORK/header_only.csv"
+expect_error csv_header_only "header_only.csv' has a header but no data lines" train \
+  --data "csv:$WORK/header_only.csv" --schema "$CSV_SPEC" --quiet
+printf 'a,b,c\n1,2,x\n0,inf,y\n' >"$WORK/inf.csv"
+expect_error csv_inf "inf.csv:3:3: dense column 'b': 'inf' is not a finite float" train \
+  --data "csv:$WORK/inf.csv" --schema "$CSV_SPEC" --quiet
+printf 'a,b,c\n7,2,x\n' >"$WORK/label7.csv"
+expect_error csv_label_7 "label7.csv:2:1: label column 'a': 7 is outside \\[0, 1\\]" train \
+  --data "csv:$WORK/label7.csv" --schema "$CSV_SPEC" --quiet
+expect_error csv_dev_zero "/dev/zero:1: line longer than" data-stats --data csv:/dev/zero \
+  --schema 'label=a' --quiet
+expect_error criteo_dev_zero "/dev/zero:1: line longer than" sim --data criteo:/dev/zero \
+  --cache-rows 10 --quiet
+expect_error criteo_directory "is a directory" data-stats --data "criteo:$WORK" --quiet
+expect_error bin_directory "is a directory" train --data "bin:$WORK" --quiet
+expect_error diverged "training diverged: the loss .* is .*nan" train --data "$SYN" --lr 1e30 \
+  --batch-size 256 --iterations 5 --quiet
+expect_error convert_no_dir "cannot create" convert --data "$CRITEO" --out "$WORK/no/such/x.bin" \
+  --quiet
+# A damaged params.bin: shorter than its header says, then one flipped body byte.
+cp -r "$WORK/off" "$WORK/damaged"
+sed -i "s|$WORK/off/params.bin|$WORK/damaged/params.bin|" "$WORK/damaged/summary.json"
+size=$(stat -c %s "$WORK/damaged/params.bin")
+truncate -s $((size - 4)) "$WORK/damaged/params.bin"
+expect_error compare_truncated_params "params.bin' is truncated for its header" compare \
+  "$WORK/off" "$WORK/damaged"
+cp "$WORK/off/params.bin" "$WORK/damaged/params.bin"
+printf '\x55' | dd of="$WORK/damaged/params.bin" bs=1 seek=$((size - 3)) conv=notrunc 2>/dev/null
+expect_error compare_damaged_params "params.bin' is corrupt: SHA-256" compare "$WORK/off" \
+  "$WORK/damaged"
+# Hand-edited run files: wrong types are errors naming the file and line; a null loss is shown.
+cp -r "$WORK/off" "$WORK/edited"
+rm -f "$WORK/edited/params.bin"
+sed -i '/"params"/d' "$WORK/edited/summary.json"
+echo '{"kind":"train","iteration":1000,"loss":null}' >>"$WORK/edited/metrics.jsonl"
+expect_ok compare_null_loss compare "$WORK/off" "$WORK/edited"
+echo '{"kind":"train","iteration":"late","loss":1}' >>"$WORK/edited/metrics.jsonl"
+lines=$(wc -l <"$WORK/edited/metrics.jsonl")
+expect_error compare_bad_metrics "metrics.jsonl:$lines: metrics line: .iteration. is a string" \
+  compare "$WORK/off" "$WORK/edited"
 
 if [[ $failures -gt 0 ]]; then
   echo "$failures check(s) failed"

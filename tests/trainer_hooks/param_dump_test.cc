@@ -1,0 +1,129 @@
+// Specification of params.bin reading: a written dump reads back exactly, and a damaged or
+// crafted file is an error naming it, never a crash or a huge allocation.
+#include "trainer_hooks/param_dump.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/data/data_testing.h"
+
+namespace bagpipe {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr size_t kHeaderBytes = 64 * 1024;
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+class ParamDumpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TestTempPath("param_dump_test", "run");
+    std::filesystem::create_directories(dir_);
+    auto writer = ParamWriter::Create(dir_, {{"dim", 2}}, 3);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE((*writer)->AddDense({0.5f, -1.0f}).ok());
+    const float a[3] = {1, 2, 3}, b[3] = {4, 5, 6};
+    ASSERT_TRUE((*writer)->AddRow(3, a).ok());
+    ASSERT_TRUE((*writer)->AddRow(70, b).ok());
+    auto sha = (*writer)->Finish();
+    ASSERT_TRUE(sha.ok()) << sha.status();
+    bytes_ = ReadBytes(dir_ + "/params.bin");
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Reads `bytes` as a params.bin.
+  absl::Status ReadDamaged(const std::string& bytes) {
+    const std::string path = dir_ + "/damaged.bin";
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    return ReadParamDump(path).status();
+  }
+  // The file with its header JSON replaced by `header`.
+  std::string WithHeader(const nlohmann::json& header) {
+    const std::string text = header.dump();
+    std::string bytes = bytes_;
+    const uint64_t length = text.size();
+    std::memcpy(bytes.data() + 8, &length, 8);
+    std::fill(bytes.begin() + 16, bytes.begin() + kHeaderBytes, ' ');
+    std::memcpy(bytes.data() + 16, text.data(), text.size());
+    return bytes;
+  }
+  nlohmann::json Header() {
+    uint64_t length = 0;
+    std::memcpy(&length, bytes_.data() + 8, 8);
+    return nlohmann::json::parse(bytes_.substr(16, length));
+  }
+
+  std::string dir_;
+  std::string bytes_;
+};
+
+TEST_F(ParamDumpTest, AWrittenDumpReadsBack) {
+  auto dump = ReadParamDump(dir_);
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  EXPECT_EQ(dump->dense, (std::vector<float>{0.5f, -1.0f}));
+  EXPECT_EQ(dump->rows, (std::vector<RowId>{3, 70}));
+  EXPECT_EQ(dump->records, (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  EXPECT_TRUE(CompareParams(*dump, *dump).identical);
+}
+
+TEST_F(ParamDumpTest, TruncatedOrExtendedFilesAreRefused) {
+  absl::Status status = ReadDamaged(bytes_.substr(0, bytes_.size() - 1));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("damaged.bin' is truncated for its header"));
+  status = ReadDamaged(bytes_ + "xxxx");
+  EXPECT_THAT(std::string(status.message()), HasSubstr("is longer than its header"));
+  status = ReadDamaged(bytes_.substr(0, 1000));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("truncated header"));
+  status = ReadDamaged("BGPARAMS");
+  EXPECT_THAT(std::string(status.message()), HasSubstr("is not a Bagpipe parameter file"));
+}
+
+TEST_F(ParamDumpTest, AFlippedByteFailsTheFingerprint) {
+  std::string bytes = bytes_;
+  bytes[bytes.size() - 2] ^= 0x40;
+  const absl::Status status = ReadDamaged(bytes);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("is corrupt: SHA-256 of the parameters"));
+}
+
+TEST_F(ParamDumpTest, CraftedCountsAreRefusedBeforeAllocating) {
+  const uint64_t huge_length = uint64_t{1} << 62;
+  std::string bytes = bytes_;
+  std::memcpy(bytes.data() + 8, &huge_length, 8);
+  EXPECT_THAT(std::string(ReadDamaged(bytes).message()), HasSubstr("corrupt header"));
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, nlohmann::json>>{{"rows", int64_t{1} << 60},
+                                                           {"rows", -1},
+                                                           {"dense_count", int64_t{1} << 61},
+                                                           {"record_floats", int64_t{1} << 40},
+                                                           {"record_floats", 1e300},
+                                                           {"rows", "two"},
+                                                           {"dense_count", nullptr}}) {
+    nlohmann::json header = Header();
+    header[key] = value;
+    const absl::Status status = ReadDamaged(WithHeader(header));
+    EXPECT_FALSE(status.ok()) << key << " = " << value;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("damaged.bin")) << key;
+  }
+}
+
+TEST_F(ParamDumpTest, RowsOutOfOrderAreRefused) {
+  std::string bytes = bytes_;
+  const uint64_t row = 99;  // the first row, now after the second one (70)
+  std::memcpy(bytes.data() + kHeaderBytes + 2 * 4, &row, 8);
+  EXPECT_THAT(std::string(ReadDamaged(bytes).message()),
+              HasSubstr("row 1 (RowId 70) does not follow RowId 99"));
+}
+
+}  // namespace
+}  // namespace bagpipe
