@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/atomic_file.h"
 #include "core/checked_math.h"
 #include "core/excerpt.h"
 #include "core/json_fields.h"
@@ -197,94 +198,9 @@ class OutFile {
   int64_t size_ = 0;
 };
 
-// The output file: unnamed until Publish links it to its path.
-class Output {
- public:
-  // Opens an unnamed file beside `path`. Fails at once if `path` is a directory or its directory
-  // cannot hold a new file (before any input is read).
-  absl::Status Open(const std::string& path) {
-    path_ = path;
-    std::error_code error;
-    if (std::filesystem::is_directory(path, error)) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot write '", path, "': a directory"));
-    }
-    const std::string dir = DirectoryOf(path);
-    const int fd = open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0666);
-    if (fd >= 0) {
-      file_ = OutFile(Fd(fd), absl::StrCat("'", path, "'"));
-      return absl::OkStatus();
-    }
-    if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot create '", path, "': ", ErrnoText(errno)));
-    }
-    // No O_TMPFILE here: a named temporary, removed on failure.
-    temp_ = absl::StrCat(path, ".tmp.", getpid());
-    const int named = open(temp_.c_str(), O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0666);
-    if (named < 0) {
-      const int saved = errno;
-      temp_.clear();
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot create '", path, "': ", ErrnoText(saved)));
-    }
-    file_ = OutFile(Fd(named), absl::StrCat("'", path, "'"));
-    return absl::OkStatus();
-  }
-  ~Output() {
-    if (!temp_.empty()) unlink(temp_.c_str());
-  }
-  OutFile& file() { return file_; }
-
-  // Flushes, syncs and gives the file its name, replacing an existing file atomically.
-  absl::Status Publish() {
-    RETURN_IF_ERROR(file_.Flush());
-    if (fsync(file_.fd()) != 0) {
-      return absl::DataLossError(absl::StrCat("cannot write '", path_, "': ", ErrnoText(errno)));
-    }
-    if (!temp_.empty()) return Rename(temp_);
-    const std::string self = absl::StrCat("/proc/self/fd/", file_.fd());
-    auto link = [&](const std::string& to) {
-      if (linkat(AT_FDCWD, self.c_str(), AT_FDCWD, to.c_str(), AT_SYMLINK_FOLLOW) == 0) return 0;
-      // Without /proc: linking a descriptor needs CAP_DAC_READ_SEARCH.
-      if (errno == ENOENT && linkat(file_.fd(), "", AT_FDCWD, to.c_str(), AT_EMPTY_PATH) == 0) {
-        return 0;
-      }
-      return errno;
-    };
-    int error = link(path_);
-    if (error == 0) return absl::OkStatus();
-    if (error != EEXIST) {
-      return absl::DataLossError(absl::StrCat("cannot create '", path_, "': ", ErrnoText(error)));
-    }
-    // The output exists: link under a temporary name, then rename over it (atomic).
-    temp_ = absl::StrCat(path_, ".tmp.", getpid());
-    unlink(temp_.c_str());
-    error = link(temp_);
-    if (error != 0) {
-      temp_.clear();
-      return absl::DataLossError(absl::StrCat("cannot create '", path_, "': ", ErrnoText(error)));
-    }
-    return Rename(temp_);
-  }
-
- private:
-  absl::Status Rename(const std::string& from) {
-    if (std::rename(from.c_str(), path_.c_str()) != 0) {
-      return absl::DataLossError(
-          absl::StrCat("cannot rename '", from, "' to '", path_, "': ", ErrnoText(errno)));
-    }
-    temp_.clear();
-    return absl::OkStatus();
-  }
-
-  std::string path_;
-  std::string temp_;  // a named temporary to remove on failure; empty when unnamed
-  OutFile file_;
-};
-
 // Copies the spill `in` onto `out`, feeding the checksum; with `narrow` the spill holds int64
 // ids that are written as uint32.
-absl::Status AppendSpill(OutFile& in, bool narrow, OutFile& out, Xxh3* checksum) {
+absl::Status AppendSpill(OutFile& in, bool narrow, AtomicFileWriter& out, Xxh3* checksum) {
   RETURN_IF_ERROR(in.Flush());
   std::vector<int64_t> buffer(kCopyBlock / 8);
   std::vector<uint32_t> small(narrow ? buffer.size() : 0);
@@ -300,16 +216,17 @@ absl::Status AppendSpill(OutFile& in, bool narrow, OutFile& out, Xxh3* checksum)
       put = bytes / 2;
     }
     checksum->Update(data, put);
-    RETURN_IF_ERROR(out.Write(data, put));
+    RETURN_IF_ERROR(out.Append(data, put));
   }
   return absl::OkStatus();
 }
 
-absl::Status Pad8(OutFile& out, Xxh3* checksum) {
+absl::Status Pad8(AtomicFileWriter& out, Xxh3* checksum) {
   static const char kZeros[8] = {};
-  const size_t pad = static_cast<size_t>(Align8(out.size()) - out.size());
+  const int64_t size = static_cast<int64_t>(out.digest().bytes);
+  const size_t pad = static_cast<size_t>(Align8(size) - size);
   if (checksum != nullptr) checksum->Update(kZeros, pad);
-  return out.Write(kZeros, pad);
+  return out.Append(kZeros, pad);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -713,8 +630,12 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenBinary(const std::string& path
 
 absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string& path) {
   Stopwatch watch;
-  Output output;
-  RETURN_IF_ERROR(output.Open(path));
+  // The output is checked before the input is read: a directory, or no directory to hold it.
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot write '", path, "': a directory"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> out, AtomicFileWriter::Open(path));
   const std::string dir = DirectoryOf(path);
   const int tables = source.schema().num_tables();
   const int dense = source.schema().num_dense();
@@ -786,7 +707,6 @@ absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string
 
   // The prefix's checksums are known only after the body is written: it is written with zeros
   // first and overwritten at the end.
-  OutFile& out = output.file();
   char prefix[kPrefixBytes] = {};
   std::memcpy(prefix, kMagic, 8);
   std::memcpy(prefix + 8, &kVersion, 4);
@@ -794,19 +714,20 @@ absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string
   const uint64_t body_bytes = static_cast<uint64_t>(offset);
   std::memcpy(prefix + 16, &header_bytes, 8);
   std::memcpy(prefix + 24, &body_bytes, 8);
-  RETURN_IF_ERROR(out.Write(prefix, kPrefixBytes));
-  RETURN_IF_ERROR(out.Write(header_text.data(), header_text.size()));
-  RETURN_IF_ERROR(Pad8(out, nullptr));
-  const int64_t body_start = out.size();
+  RETURN_IF_ERROR(out->Append(prefix, kPrefixBytes));
+  RETURN_IF_ERROR(out->Append(header_text.data(), header_text.size()));
+  RETURN_IF_ERROR(Pad8(*out, nullptr));
+  const int64_t body_start = static_cast<int64_t>(out->digest().bytes);
   Xxh3 body_checksum;
   for (int i = 0; i < sections; ++i) {
     const bool narrow = i >= 2 && i % 2 == 1 && id_bytes[(i - 3) / 2] == 4;
-    RETURN_IF_ERROR(AppendSpill(spills[i], narrow, out, &body_checksum));
-    RETURN_IF_ERROR(Pad8(out, &body_checksum));
+    RETURN_IF_ERROR(AppendSpill(spills[i], narrow, *out, &body_checksum));
+    RETURN_IF_ERROR(Pad8(*out, &body_checksum));
   }
-  if (out.size() - body_start != offset) {
+  const int64_t written = static_cast<int64_t>(out->digest().bytes);
+  if (written - body_start != offset) {
     return absl::InternalError(
-        absl::StrCat("binary body is ", out.size() - body_start, " bytes, expected ", offset));
+        absl::StrCat("binary body is ", written - body_start, " bytes, expected ", offset));
   }
   const uint64_t body_digest = body_checksum.Digest();
   std::memcpy(prefix + 32, &body_digest, 8);
@@ -815,12 +736,11 @@ absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string
   header_checksum.Update(header_text.data(), header_text.size());
   const uint64_t header_digest = header_checksum.Digest();
   std::memcpy(prefix + 40, &header_digest, 8);
-  RETURN_IF_ERROR(out.Flush());
-  RETURN_IF_ERROR(WriteAt(out.fd(), 0, prefix, kPrefixBytes, out.what()));
-  RETURN_IF_ERROR(output.Publish());
+  RETURN_IF_ERROR(out->OverwriteAt(0, prefix, kPrefixBytes));
+  RETURN_IF_ERROR(out->Commit());
   ConvertStats stats;
   stats.samples = samples;
-  stats.bytes_written = out.size();
+  stats.bytes_written = written;
   stats.seconds = watch.Seconds();
   return stats;
 }

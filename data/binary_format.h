@@ -41,10 +41,10 @@ struct ConvertStats {
 };
 
 // Reads `source` to its end (one epoch) and writes it to `path`. Nothing is left behind if the
-// conversion fails or the process is killed: the output and the per-section spill files are
-// unnamed files (O_TMPFILE) in the output's directory until the complete output is linked to
-// `path` (replacing an existing file atomically). On file systems without O_TMPFILE the output
-// is written as PATH.tmp.PID and renamed; a kill can leave that file behind.
+// conversion fails or the process is killed: the per-section spill files are unnamed
+// (O_TMPFILE, or unlinked at once) in the output's directory, and the output is written through
+// an AtomicFileWriter (core/atomic_file.h: an unnamed file renamed over `path` when complete; on
+// file systems without O_TMPFILE a hidden temporary that the next conversion to `path` removes).
 absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string& path);
 
 }  // namespace bagpipe

@@ -488,7 +488,7 @@ TEST(BinaryFormatTest, ConvertingOverAnExistingFileReplacesIt) {
   auto source = Must(OpenSynthetic("samples=10,scale=0.001", {}));
   EXPECT_THAT(std::string(WriteBinary(*source, dir).status().message()), HasSubstr("a directory"));
   EXPECT_THAT(std::string(WriteBinary(*source, dir + "/no/such/dir/x.bin").status().message()),
-              HasSubstr("cannot create"));
+              HasSubstr("no/such/dir/x.bin"));
   EXPECT_EQ(source->stats().samples, 0);
 }
 
