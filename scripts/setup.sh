@@ -17,6 +17,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libopenblas-dev libssl-dev libxxhash-dev libisal-dev
   # The Python package (python/) and its tests: Debian's /usr/bin/python3 with these.
   python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-numpy python3-pytest python3-torch
+  clang libclang-rt-dev  # scripts/fuzz.sh: libFuzzer and the sanitizer runtimes
 )
 # The end-to-end tests and bench scripts read JSON with python3 (any python3 will do).
 command -v python3 >/dev/null 2>&1 || packages+=(python3)

@@ -1,0 +1,29 @@
+// Fuzz harness: the binary columnar reader. Input: one options byte, then the file; with bit 0
+// set the file's checksums are repaired first (tests/data/binary_crafting.h), so that the
+// fuzzer reaches the validation behind them, as a crafted file would.
+#include <cstdint>
+#include <string>
+
+#include "data/binary_format.h"
+#include "tests/data/binary_crafting.h"
+#include "tests/fuzz/fuzz_util.h"
+#include "tests/fuzz/source_checks.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace bagpipe;
+  if (size < 1) return 0;
+  const uint8_t flags = data[0];
+  std::string bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
+  if ((flags & 1) != 0) bytes = RepairBinaryChecksums(std::move(bytes));
+  MemFile file(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  SourceOptions options;
+  options.max_samples = (flags & 8) != 0 ? 5 : -1;
+  absl::StatusOr<std::unique_ptr<SampleSource>> source = OpenBinary(file.path(), options);
+  if (!source.ok()) {
+    CheckMessage(source.status(), file.path());
+    return 0;
+  }
+  (void)(*source)->Describe();
+  ReadAndCheck(**source, 1 + (flags >> 4), 2, file.path());
+  return 0;
+}
