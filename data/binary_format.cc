@@ -49,6 +49,8 @@ constexpr int64_t kPrefixBytesV1 = 24;
 constexpr int64_t kMaxHeaderBytes = int64_t{64} << 20;
 constexpr int64_t kReadBlock = 1 << 16;
 constexpr size_t kCopyBlock = size_t{4} << 20;
+// Reads hashed at open: small enough that the copy is still in the L2 cache when hashed.
+constexpr size_t kHashBlock = size_t{256} << 10;
 
 int64_t Align8(int64_t n) { return (n + 7) & ~int64_t{7}; }
 
@@ -245,6 +247,38 @@ bool IsFinite(float value) {
   return (bits & 0x7f800000u) != 0x7f800000u;
 }
 
+// The inner loops of Read, kept out of its body so that their flags stay in registers.
+// out[s] = base + in[s + 1] - in[0] for s in [0, n); returns whether `in` decreases anywhere.
+[[gnu::noinline]] bool RebaseOffsets(const int64_t* in, int32_t n, int64_t base, int64_t* out) {
+  bool decreasing = false;
+  const int64_t shift = base - in[0];
+  for (int32_t s = 0; s < n; ++s) {
+    decreasing |= in[s + 1] < in[s];
+    out[s] = in[s + 1] + shift;
+  }
+  return decreasing;
+}
+
+// Whether any of `ids` lies outside [0, rows) (one unsigned comparison: negatives are huge).
+[[gnu::noinline]] bool AnyOutOfRange(const int64_t* ids, int64_t num, uint64_t rows) {
+  bool out_of_range = false;
+  for (int64_t k = 0; k < num; ++k) out_of_range |= static_cast<uint64_t>(ids[k]) >= rows;
+  return out_of_range;
+}
+
+// Widens `num` little-endian uint32 ids at `raw` into `out` (front to back, so `raw` may be the
+// upper half of `out`); returns whether any is >= rows.
+[[gnu::noinline]] bool WidenIds(const char* raw, int64_t num, uint64_t rows, int64_t* out) {
+  bool out_of_range = false;
+  for (int64_t k = 0; k < num; ++k) {
+    uint32_t id;
+    std::memcpy(&id, raw + k * 4, 4);
+    out[k] = id;
+    out_of_range |= id >= rows;
+  }
+  return out_of_range;
+}
+
 class BinarySource final : public SampleSource {
  public:
   BinarySource(std::string path, const SourceOptions& options)
@@ -427,12 +461,15 @@ class BinarySource final : public SampleSource {
       const TableSection& table = tables_[t];
       RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.offsets + begin * 8, offsets_.data(),
                              offsets_.size() * 8, path_, "offsets"));
-      bytes += static_cast<int64_t>(offsets_.size()) * 8;
-      const int64_t first = offsets_[0];
       // Non-decreasing from first >= 0 to last <= num_ids: every bag lies in the ids section.
-      bool monotonic = first >= 0 && offsets_[n] <= table.num_ids;
-      for (int32_t s = 0; s < n; ++s) monotonic &= offsets_[s + 1] >= offsets_[s];
-      if (!monotonic) {
+      // Checked in the same pass that rebases the offsets (one pass per array: reading is on
+      // the oracle's critical path).
+      const int64_t first = offsets_[0];
+      const int64_t last = offsets_[n];
+      const int64_t base = static_cast<int64_t>(batch->ids.size());
+      int64_t* out_offsets = batch->offsets.data() + static_cast<size_t>(t) * n;
+      const bool decreasing = RebaseOffsets(offsets_.data(), n, base, out_offsets + 1);
+      if (decreasing || first < 0 || last > table.num_ids) {
         // The first record whose bag is decreasing or leaves the ids section.
         int32_t s = 0;
         while (s < n && offsets_[s] >= 0 && offsets_[s + 1] >= offsets_[s] &&
@@ -444,29 +481,29 @@ class BinarySource final : public SampleSource {
                          offsets_[s], ", ", offsets_[s + 1],
                          ") is decreasing or outside the table's ", table.num_ids, " ids"));
       }
-      const int64_t last = offsets_[n];
-      const int64_t base = static_cast<int64_t>(batch->ids.size());
-      int64_t* out_offsets = batch->offsets.data() + static_cast<size_t>(t) * n;
-      for (int32_t s = 0; s < n; ++s) out_offsets[s + 1] = base + offsets_[s + 1] - first;
       const int64_t num = last - first;
       batch->ids.resize(static_cast<size_t>(base + num));
       int64_t* out = batch->ids.data() + base;
+      // Ids in [0, rows), as one unsigned comparison (a negative id compares as huge).
+      const uint64_t rows = static_cast<uint64_t>(schema_.table_rows[t]);
+      bool out_of_range = false;
       if (table.id_bytes == 8) {
         RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.ids + first * 8, out,
                                static_cast<size_t>(num) * 8, path_, "ids"));
+        out_of_range = AnyOutOfRange(out, num, rows);
       } else {
-        narrow_.resize(static_cast<size_t>(num));
-        RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.ids + first * 4, narrow_.data(),
+        // Read into the upper half of the output and widen in place, front to back: id k
+        // (bytes 4 * num + 4k) is read before the write of out[k] (bytes [8k, 8k + 8)) can
+        // reach any id not yet widened.
+        char* raw = reinterpret_cast<char*>(out);
+        RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.ids + first * 4, raw + num * 4,
                                static_cast<size_t>(num) * 4, path_, "ids"));
-        for (int64_t k = 0; k < num; ++k) out[k] = narrow_[k];
+        out_of_range = WidenIds(raw + num * 4, num, rows, out);
       }
-      bytes += num * table.id_bytes;
-      const int64_t rows = schema_.table_rows[t];
-      bool ids_ok = true;
-      for (int64_t k = 0; k < num; ++k) ids_ok &= out[k] >= 0 && out[k] < rows;
-      if (!ids_ok) {
+      bytes += static_cast<int64_t>(offsets_.size()) * 8 + num * table.id_bytes;
+      if (out_of_range) {
         for (int64_t k = 0; k < num; ++k) {
-          if (out[k] < 0 || out[k] >= rows) {
+          if (static_cast<uint64_t>(out[k]) >= rows) {
             // The record whose bag holds id k.
             const int64_t* bag =
                 std::upper_bound(offsets_.data(), offsets_.data() + n + 1, first + k);
@@ -583,9 +620,9 @@ class BinarySource final : public SampleSource {
   // The body's XXH3-64 matches the header's, reading the body once in blocks.
   absl::Status CheckBody(int64_t body, uint64_t expected) {
     Xxh3 checksum;
-    std::vector<char> block(std::min<int64_t>(body, kCopyBlock));
+    std::vector<char> block(std::min<int64_t>(body, kHashBlock));
     for (int64_t at = 0; at < body;) {
-      const size_t bytes = static_cast<size_t>(std::min<int64_t>(body - at, kCopyBlock));
+      const size_t bytes = static_cast<size_t>(std::min<int64_t>(body - at, kHashBlock));
       RETURN_IF_ERROR(ReadAt(fd_.get(), body_offset_ + at, block.data(), bytes, path_, "body"));
       checksum.Update(block.data(), bytes);
       at += static_cast<int64_t>(bytes);
@@ -616,7 +653,6 @@ class BinarySource final : public SampleSource {
   int64_t stream_offset_ = 0;
   SourceStats stats_;
   std::vector<int64_t> offsets_;  // scratch: one table's offsets for a read
-  std::vector<uint32_t> narrow_;  // scratch: 4-byte ids
 };
 
 }  // namespace
