@@ -213,7 +213,7 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
     if (!std::isfinite(sums[0])) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "training diverged: the loss summed over iterations %d to %d is %f (not finite); "
-          "lower the learning rate (--lr, --dense-lr)",
+          "lower the learning rate (--lr, --dense-lr) or scale extreme dense values (e.g. log(C))",
           iterations - interval_iterations + 1, iterations, sums[0]));
     }
     const double seconds = interval_watch.Seconds();
