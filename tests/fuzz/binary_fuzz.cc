@@ -1,7 +1,9 @@
 // Fuzz harness: the binary columnar reader. Input: one options byte, then the file; with bit 0
 // set the file's checksums are repaired first (tests/data/binary_crafting.h), so that the
-// fuzzer reaches the validation behind them, as a crafted file would.
+// fuzzer reaches the validation behind them, as a crafted file would; with bit 1 set (and a
+// readable version 2 layout) the file is rewritten in format version 1, with a valid checksum.
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "data/binary_format.h"
@@ -15,6 +17,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t flags = data[0];
   std::string bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
   if ((flags & 1) != 0) bytes = RepairBinaryChecksums(std::move(bytes));
+  if ((flags & 2) != 0) {
+    if (const std::optional<BinaryParts> parts = SplitBinary(bytes); parts.has_value()) {
+      bytes = JoinBinary(*parts, 1);
+    }
+  }
   MemFile file(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   SourceOptions options;
   options.max_samples = (flags & 8) != 0 ? 5 : -1;

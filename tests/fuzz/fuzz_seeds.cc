@@ -82,6 +82,7 @@ absl::Status Run(const fs::path& out, const fs::path& source_dir) {
     const std::string bytes = ReadFile(path);
     WriteFile(out / "binary" / (seed.name + "_raw"), std::string(1, '\x00') + bytes);
     WriteFile(out / "binary" / (seed.name + "_repaired"), std::string(1, '\x21') + bytes);
+    WriteFile(out / "binary" / (seed.name + "_v1"), std::string(1, '\x13') + bytes);
   }
   // params.bin: a real file, and the compact form (header JSON, NUL, body).
   {
