@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "core/timer.h"
 #include "model/logreg_head.h"
+#include "model/loop_state.h"
 
 namespace bagpipe {
 namespace {
@@ -60,53 +61,30 @@ struct PhaseTimes {
   }
 };
 
-// The loop's checkpoint state: a JSON header, then the dense parameters and the dense optimizer
-// state as raw floats.
+// The loop's checkpoint state (model/loop_state.h): the dense parameters and optimizer state.
 template <typename Head>
 LoopState MakeLoopState(Head* model, int64_t* global_samples) {
   LoopState state;
   state.save = [model, global_samples]() -> absl::StatusOr<std::string> {
-    std::vector<float> parameters, optimizer;
-    RETURN_IF_ERROR(model->ReadParameters(&parameters));
-    RETURN_IF_ERROR(model->ReadOptimizerState(&optimizer));
-    const std::string header = nlohmann::json{
-        {"parameters", parameters.size()},
-        {"optimizer_state", optimizer.size()},
-        {"global_samples",
-         *global_samples}}.dump();
-    std::string out = header + '\n';
-    out.append(reinterpret_cast<const char*>(parameters.data()), parameters.size() * 4);
-    out.append(reinterpret_cast<const char*>(optimizer.data()), optimizer.size() * 4);
-    return out;
+    DenseLoopState saved;
+    RETURN_IF_ERROR(model->ReadParameters(&saved.parameters));
+    RETURN_IF_ERROR(model->ReadOptimizerState(&saved.optimizer_state));
+    saved.global_samples = *global_samples;
+    return EncodeDenseLoopState(saved);
   };
   state.restore = [model, global_samples](std::string_view bytes) -> absl::Status {
-    const size_t newline = bytes.find('\n');
-    const nlohmann::json header =
-        newline == std::string_view::npos
-            ? nlohmann::json()
-            : nlohmann::json::parse(bytes.substr(0, newline), nullptr, false);
-    if (header.is_discarded() || !header.is_object()) {
-      return absl::DataLossError("the checkpoint's loop state has no valid header");
-    }
-    std::vector<float> parameters(header.value("parameters", size_t{0}));
-    std::vector<float> optimizer(header.value("optimizer_state", size_t{0}));
+    ASSIGN_OR_RETURN(const DenseLoopState saved, DecodeDenseLoopState(bytes));
     std::vector<float> current;
     RETURN_IF_ERROR(model->ReadParameters(&current));
-    if (parameters.size() != current.size()) {
+    if (saved.parameters.size() != current.size()) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "the checkpoint's dense model has %d parameters, this one %d (another --model, "
           "--bottom or --top?)",
-          parameters.size(), current.size()));
+          saved.parameters.size(), current.size()));
     }
-    const std::string_view body = bytes.substr(newline + 1);
-    if (body.size() != (parameters.size() + optimizer.size()) * 4) {
-      return absl::DataLossError("the checkpoint's loop state has the wrong size");
-    }
-    std::memcpy(parameters.data(), body.data(), parameters.size() * 4);
-    std::memcpy(optimizer.data(), body.data() + parameters.size() * 4, optimizer.size() * 4);
-    RETURN_IF_ERROR(model->WriteParameters(parameters));
-    RETURN_IF_ERROR(model->WriteOptimizerState(optimizer));
-    *global_samples = header.value("global_samples", int64_t{0});
+    RETURN_IF_ERROR(model->WriteParameters(saved.parameters));
+    RETURN_IF_ERROR(model->WriteOptimizerState(saved.optimizer_state));
+    *global_samples = saved.global_samples;
     return absl::OkStatus();
   };
   return state;

@@ -2,9 +2,13 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/checked_math.h"
+#include "core/json_fields.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
 
@@ -72,27 +76,33 @@ absl::Status LoadShard(const std::string& path, const ShardIdentity& identity,
       nlohmann::json::parse(payload.substr(sizeof(length), length), nullptr, false);
   if (header.is_discarded() || !header.is_object()) return damaged("malformed header");
   const int rf = store->record_floats();
-  const int64_t rows = header.value("rows", int64_t{-1});
+  // Typed fields: a crafted header (its CRC32C recomputed) must not throw or overflow.
+  auto field = [&](const char* key) -> absl::StatusOr<int64_t> {
+    absl::StatusOr<int64_t> value = JsonInt64(header, key);
+    if (!value.ok()) return damaged(absl::StrCat("header: ", value.status().message()));
+    return value;
+  };
+  ASSIGN_OR_RETURN(const int64_t server, field("server"));
+  ASSIGN_OR_RETURN(const int64_t servers, field("servers"));
+  ASSIGN_OR_RETURN(const int64_t iteration, field("iteration"));
+  ASSIGN_OR_RETURN(const int64_t record_floats, field("record_floats"));
+  ASSIGN_OR_RETURN(const int64_t rows, field("rows"));
   auto mismatch = [&](const std::string& field, int64_t theirs, int64_t ours) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "checkpoint shard '%s' has %s %d, this job expects %d", path, field, theirs, ours));
   };
-  if (header.value("server", -1) != identity.server) {
-    return mismatch("server", header.value("server", -1), identity.server);
+  if (server != identity.server) return mismatch("server", server, identity.server);
+  if (servers != identity.servers) return mismatch("servers", servers, identity.servers);
+  if (iteration != identity.iteration) {
+    return mismatch("iteration", iteration, identity.iteration);
   }
-  if (header.value("servers", -1) != identity.servers) {
-    return mismatch("servers", header.value("servers", -1), identity.servers);
+  if (record_floats != rf) {
+    return mismatch("record_floats (embedding dim + optimizer state)", record_floats, rf);
   }
-  if (header.value("iteration", Iteration{-1}) != identity.iteration) {
-    return mismatch("iteration", header.value("iteration", Iteration{-1}), identity.iteration);
-  }
-  if (header.value("record_floats", -1) != rf) {
-    return mismatch("record_floats (embedding dim + optimizer state)",
-                    header.value("record_floats", -1), rf);
-  }
-  const size_t row_bytes = sizeof(RowId) + static_cast<size_t>(rf) * sizeof(float);
+  const int64_t row_bytes = static_cast<int64_t>(sizeof(RowId) + static_cast<size_t>(rf) * 4);
   const std::string_view body = payload.substr(sizeof(length) + length);
-  if (rows < 0 || body.size() != static_cast<size_t>(rows) * row_bytes) {
+  const std::optional<int64_t> body_bytes = CheckedMul(rows, row_bytes);
+  if (rows < 0 || !body_bytes.has_value() || static_cast<uint64_t>(*body_bytes) != body.size()) {
     return damaged(
         absl::StrFormat("%d bytes of rows for %d rows of %d bytes", body.size(), rows, row_bytes));
   }

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -13,6 +14,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/crc32c.h"
+#include "core/excerpt.h"
+#include "core/json_fields.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/timer.h"
@@ -41,8 +44,16 @@ bool IsTemporary(absl::string_view name) {
   return absl::StartsWith(name, ".") && absl::StrContains(name, ".tmp-");
 }
 
+// An identity value in a message: JSON with non-ASCII escaped, cut when long (a crafted
+// manifest may hold anything).
 std::string Show(const nlohmann::json& value) {
-  return value.is_null() ? std::string("(not set)") : value.dump();
+  if (value.is_null()) return "(not set)";
+  std::string text = value.dump(-1, ' ', /*ensure_ascii=*/true);
+  constexpr size_t kMaxBytes = 300;
+  if (text.size() > kMaxBytes) {
+    text = absl::StrCat(text.substr(0, kMaxBytes), "... (", text.size(), " bytes)");
+  }
+  return text;
 }
 
 nlohmann::json StreamJson(const StreamPosition& s) {
@@ -131,23 +142,39 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& checkpoint) {
     return absl::DataLossError(absl::StrCat("checkpoint manifest '", file.path(), "': ", why));
   };
   if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
-  CheckpointManifest m;
-  try {
-    m.iteration = j.at("iteration").get<Iteration>();
-    m.identity = j.at("identity");
-    const nlohmann::json& s = j.at("stream");
-    m.stream.batches = s.at("batches").get<int64_t>();
-    m.stream.samples = s.at("samples").get<int64_t>();
-    m.stream.epoch = s.at("epoch").get<int>();
-    m.stream.last_batch_crc32c = s.at("last_batch_crc32c").get<uint32_t>();
-    m.every = j.value("every", int64_t{0});
-    for (const nlohmann::json& f : j.at("files")) {
-      m.files.push_back(
-          {f.at("name").get<std::string>(),
-           FileDigest{f.at("bytes").get<uint64_t>(), f.at("crc32c").get<uint32_t>()}});
+  // Typed fields: a crafted manifest (its CRC32C recomputed) must not throw or overflow a cast.
+  auto integer = [&](const nlohmann::json& object, const char* key, int64_t min,
+                     int64_t max) -> absl::StatusOr<int64_t> {
+    absl::StatusOr<int64_t> value = JsonInt64(object, key);
+    if (!value.ok()) return bad(std::string(value.status().message()));
+    if (*value < min || *value > max) {
+      return bad(absl::StrFormat("\"%s\" is %d, outside [%d, %d]", key, *value, min, max));
     }
-  } catch (const nlohmann::json::exception& e) {
-    return bad(e.what());
+    return value;
+  };
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kMaxU32 = std::numeric_limits<uint32_t>::max();
+  CheckpointManifest m;
+  ASSIGN_OR_RETURN(m.iteration, integer(j, "iteration", 0, kMax));
+  if (!j.contains("identity")) return bad("missing field \"identity\"");
+  m.identity = j["identity"];
+  if (!j.contains("stream") || !j["stream"].is_object()) return bad("no \"stream\" object");
+  const nlohmann::json& s = j["stream"];
+  ASSIGN_OR_RETURN(m.stream.batches, integer(s, "batches", 0, kMax));
+  ASSIGN_OR_RETURN(m.stream.samples, integer(s, "samples", 0, kMax));
+  ASSIGN_OR_RETURN(m.stream.epoch, integer(s, "epoch", 0, std::numeric_limits<int>::max()));
+  ASSIGN_OR_RETURN(m.stream.last_batch_crc32c, integer(s, "last_batch_crc32c", 0, kMaxU32));
+  if (j.contains("every")) {
+    ASSIGN_OR_RETURN(m.every, integer(j, "every", 0, kMax));
+  }
+  if (!j.contains("files") || !j["files"].is_array()) return bad("no \"files\" array");
+  for (const nlohmann::json& f : j["files"]) {
+    absl::StatusOr<std::string> name = JsonString(f, "name");
+    if (!name.ok()) return bad(std::string(name.status().message()));
+    ASSIGN_OR_RETURN(const int64_t bytes, integer(f, "bytes", 0, kMax));
+    ASSIGN_OR_RETURN(const int64_t crc, integer(f, "crc32c", 0, kMaxU32));
+    m.files.push_back(
+        {*std::move(name), FileDigest{static_cast<uint64_t>(bytes), static_cast<uint32_t>(crc)}});
   }
   return m;
 }
@@ -182,8 +209,8 @@ absl::Status MatchIdentity(const nlohmann::json& checkpoint, const nlohmann::jso
     const nlohmann::json theirs = checkpoint.contains(key) ? checkpoint[key] : nlohmann::json();
     const nlohmann::json ours = job.contains(key) ? job[key] : nlohmann::json();
     if (theirs != ours) {
-      differences.push_back(absl::StrFormat("option %s is %s in the checkpoint and %s here", key,
-                                            Show(theirs), Show(ours)));
+      differences.push_back(absl::StrFormat("option %s is %s in the checkpoint and %s here",
+                                            Excerpt(key, 60), Show(theirs), Show(ours)));
     }
   }
   if (differences.empty()) return absl::OkStatus();

@@ -1,0 +1,69 @@
+#include "model/loop_state.h"
+
+#include <cstring>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/checked_math.h"
+#include "core/json_fields.h"
+#include "core/status.h"
+#include "nlohmann/json.hpp"
+
+namespace bagpipe {
+
+std::string EncodeDenseLoopState(const DenseLoopState& state) {
+  std::string out = nlohmann::json{{"parameters", state.parameters.size()},
+                                   {"optimizer_state", state.optimizer_state.size()},
+                                   {"global_samples", state.global_samples}}
+                        .dump();
+  out += '\n';
+  out.append(reinterpret_cast<const char*>(state.parameters.data()),
+             state.parameters.size() * sizeof(float));
+  out.append(reinterpret_cast<const char*>(state.optimizer_state.data()),
+             state.optimizer_state.size() * sizeof(float));
+  return out;
+}
+
+absl::StatusOr<DenseLoopState> DecodeDenseLoopState(std::string_view bytes) {
+  auto bad = [](const std::string& why) {
+    return absl::DataLossError(absl::StrCat("the checkpoint's loop state ", why));
+  };
+  const size_t newline = bytes.find('\n');
+  if (newline == std::string_view::npos) return bad("has no header line");
+  const nlohmann::json header = nlohmann::json::parse(bytes.substr(0, newline), nullptr, false);
+  if (header.is_discarded() || !header.is_object()) return bad("has no valid header");
+  auto field = [&](const char* key) -> absl::StatusOr<int64_t> {
+    absl::StatusOr<int64_t> value = JsonInt64(header, key);
+    if (!value.ok()) return bad(absl::StrCat("header: ", value.status().message()));
+    return value;
+  };
+  ASSIGN_OR_RETURN(const int64_t parameters, field("parameters"));
+  ASSIGN_OR_RETURN(const int64_t optimizer, field("optimizer_state"));
+  ASSIGN_OR_RETURN(const int64_t global_samples, field("global_samples"));
+  const std::string_view body = bytes.substr(newline + 1);
+  const std::optional<int64_t> floats = CheckedAdd(parameters, optimizer);
+  const std::optional<int64_t> expected =
+      floats.has_value() ? CheckedMul(*floats, sizeof(float)) : std::nullopt;
+  if (parameters < 0 || optimizer < 0 || global_samples < 0 || !expected.has_value() ||
+      static_cast<uint64_t>(*expected) != body.size()) {
+    return bad(absl::StrFormat(
+        "has the wrong size: %d bytes after its header for %d parameters and %d optimizer "
+        "values (global_samples %d)",
+        body.size(), parameters, optimizer, global_samples));
+  }
+  DenseLoopState state;
+  state.global_samples = global_samples;
+  state.parameters.resize(static_cast<size_t>(parameters));
+  state.optimizer_state.resize(static_cast<size_t>(optimizer));
+  const size_t parameter_bytes = state.parameters.size() * sizeof(float);
+  if (parameter_bytes > 0) std::memcpy(state.parameters.data(), body.data(), parameter_bytes);
+  if (!state.optimizer_state.empty()) {
+    std::memcpy(state.optimizer_state.data(), body.data() + parameter_bytes,
+                state.optimizer_state.size() * sizeof(float));
+  }
+  return state;
+}
+
+}  // namespace bagpipe
