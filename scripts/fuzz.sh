@@ -5,15 +5,15 @@
 # and the committed regression inputs. Fails on any crash, sanitizer report, timeout, allocation
 # over 2 GB or broken invariant; the input is kept in BUILD/findings/ (fix the bug, then commit
 # the input to tests/fuzz/regressions/<harness>/ so that ctest replays it).
-# Usage: scripts/fuzz.sh [SECONDS_PER_HARNESS]   (default 40; FUZZ_SECONDS also sets it)
+# Usage: scripts/fuzz.sh [SECONDS_PER_HARNESS]   (default 30; FUZZ_SECONDS also sets it)
 #   FUZZ_BUILD_DIR (default build-fuzz), FUZZ_PARALLEL harnesses at a time (default: cores, max 2),
 #   FUZZ_HARNESSES (default: all), CC_FUZZ / CXX_FUZZ (default clang / clang++).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-seconds=${1:-${FUZZ_SECONDS:-40}}
+seconds=${1:-${FUZZ_SECONDS:-30}}
 build=${FUZZ_BUILD_DIR:-build-fuzz}
-harnesses=${FUZZ_HARNESSES:-"criteo csv binary params plan_codec wire"}
+harnesses=${FUZZ_HARNESSES:-"criteo csv binary params plan_codec wire checkpoint"}
 cores=$(nproc)
 parallel=${FUZZ_PARALLEL:-$((cores < 2 ? cores : 2))}
 

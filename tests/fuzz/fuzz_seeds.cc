@@ -1,7 +1,7 @@
 // Writes the seed corpora of the fuzz harnesses into OUT_DIR/<harness>/: cuts of the committed
 // fixtures (Criteo TSV, MovieLens CSV) and small generated files (binary datasets, params.bin,
-// plans, protocol messages), each prefixed by the harness's options byte where it has one.
-// Usage: fuzz_seeds OUT_DIR SOURCE_DIR
+// plans, protocol messages, checkpoint files), each prefixed by the harness's options byte where it
+// has one. Usage: fuzz_seeds OUT_DIR SOURCE_DIR
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -14,7 +14,11 @@
 #include "core/status.h"
 #include "data/binary_format.h"
 #include "data/source.h"
+#include "model/loop_state.h"
+#include "server/row_store.h"
+#include "server/shard_file.h"
 #include "sync/protocol.h"
+#include "trainer_hooks/checkpoint.h"
 #include "trainer_hooks/param_dump.h"
 #include "trainer_hooks/plan_codec.h"
 
@@ -135,6 +139,35 @@ absl::Status Run(const fs::path& out, const fs::path& source_dir) {
             std::string(1, '\x02') + Bytes(EncodeWriteBack({5, {3}, {1, 2}})));
   WriteFile(out / "wire" / "control",
             std::string(1, '\x03') + Bytes(EncodeControl(ControlKind::kStats, {'{', '}'})));
+  // Checkpoint files: the payloads of a manifest, a shard and a loop state (the harness wraps
+  // them in their container), and one whole file as written.
+  {
+    CheckpointManifest manifest;
+    manifest.iteration = 7;
+    manifest.identity = {{"--dim", 8}, {"--trainers", 2}, {"tables", {10, 20}}};
+    manifest.stream = {7, 112, 0, 0x1234abcd};
+    manifest.every = 7;
+    manifest.files = {{kLoopStateName, {120, 5}}, {ShardName(0, 1), {300, 6}}};
+    const fs::path dir = scratch / "ckpt-7";
+    fs::create_directories(dir);
+    RETURN_IF_ERROR(WriteManifest(dir.string(), manifest));
+    const std::string file = ReadFile(dir / kManifestName);
+    WriteFile(out / "checkpoint" / "manifest", '\x00' + file.substr(16, file.size() - 32));
+    WriteFile(out / "checkpoint" / "manifest_file", '\x04' + file);
+    RowStore store(RowInitializer(1, 2, 1, 0.0f, {10, 20}));
+    (void)store.GetOrCreate(3);
+    (void)store.GetOrCreate(25);
+    ASSIGN_OR_RETURN(const FileDigest digest,
+                     WriteShard((dir / ShardName(0, 1)).string(), store, {0, 1, 7}));
+    (void)digest;
+    const std::string shard = ReadFile(dir / ShardName(0, 1));
+    WriteFile(out / "checkpoint" / "shard", '\x01' + shard.substr(16, shard.size() - 32));
+    DenseLoopState state;
+    state.parameters = {0.5f, -1.0f, 2.0f};
+    state.optimizer_state = {0.1f, 0.2f, 0.3f};
+    state.global_samples = 112;
+    WriteFile(out / "checkpoint" / "loop_state", '\x02' + EncodeDenseLoopState(state));
+  }
   fs::remove_all(scratch);
   return absl::OkStatus();
 }
