@@ -81,7 +81,12 @@ absl::StatusOr<nlohmann::json> RunRecorder::Finish(const JobResult& result, cons
                                          (layout.trainers - 1);
   const nlohmann::json info =
       result.trainers.empty() ? nlohmann::json::object() : result.trainers.at(0).info;
-  const int64_t iterations = info.value("iterations", int64_t{0});
+  // A loop that reports no "iterations" (a user's own loop may pass no info) gets the count the
+  // runtime kept itself: the iterations trainer 0 began.
+  const int64_t iterations =
+      info.contains("iterations")
+          ? info.value("iterations", int64_t{0})
+          : (result.trainers.empty() ? 0 : result.trainers.at(0).stats.iterations);
   int64_t samples = 0;
   for (const TrainerOutcome& outcome : result.trainers) {
     samples += outcome.info.value("samples", int64_t{0});
