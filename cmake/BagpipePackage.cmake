@@ -22,6 +22,12 @@ configure_file(${PROJECT_SOURCE_DIR}/core/version.h.in ${PROJECT_BINARY_DIR}/gen
                @ONLY)
 target_include_directories(bagpipe_core PUBLIC $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/generated>)
 
+# A sanitizer build (cmake/BagpipeSanitizers.cmake) is no package: its libraries need the
+# sanitizer's runtime, and an Abseil built in the tree is not exported.
+if(BAGPIPE_SANITIZE)
+  return()
+endif()
+
 # Bagpipe::bagpipe: every component library.
 add_library(bagpipe_all INTERFACE)
 set_target_properties(bagpipe_all PROPERTIES EXPORT_NAME bagpipe)

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
+#include "core/target_clones.h"
 #include "core/timer.h"
 #include "oracle/planner_impl.h"
 #include "tbb/blocked_range.h"
@@ -50,8 +51,7 @@ constexpr std::string_view kPhaseNames[kNumPlannerPhases] = {
 //
 // The OR over offsets[0, n) of offset | (next offset - offset): its sign bit is set iff an
 // offset is negative or (all being non-negative, so the difference cannot wrap) decreases.
-__attribute__((target_clones("avx2", "default"))) uint64_t OffsetFlags(const int64_t* offsets,
-                                                                       int64_t n) {
+BAGPIPE_TARGET_CLONES("avx2", "default") uint64_t OffsetFlags(const int64_t* offsets, int64_t n) {
   uint64_t flags = 0;
   for (int64_t s = 0; s < n; ++s) {
     const uint64_t here = static_cast<uint64_t>(offsets[s]);
@@ -62,8 +62,8 @@ __attribute__((target_clones("avx2", "default"))) uint64_t OffsetFlags(const int
 
 // The OR over ids[0, n) of id | (rows - 1 - id): its sign bit is set iff an id is negative (its
 // own sign bit) or at least `rows` (that of rows - 1 - id; ids and rows below 2^63).
-__attribute__((target_clones("avx2", "default"))) uint64_t IdFlags(const int64_t* ids, int64_t n,
-                                                                   uint64_t rows) {
+BAGPIPE_TARGET_CLONES("avx2", "default")
+uint64_t IdFlags(const int64_t* ids, int64_t n, uint64_t rows) {
   const uint64_t last = rows - 1;
   uint64_t flags = 0;
   for (int64_t j = 0; j < n; ++j) {
