@@ -182,9 +182,10 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
     const TrainerStats stats = trainer.stats();
     ASSIGN_OR_RETURN(forward_backward_seconds, forward_backward_events.Seconds(final_report));
     ASSIGN_OR_RETURN(optimizer_seconds, optimizer_events.Seconds(final_report));
-    float sums[4] = {static_cast<float>(interval_loss), static_cast<float>(interval_samples),
-                     static_cast<float>(stats.unique_rows - stats_start.unique_rows),
-                     static_cast<float>(stats.hits - stats_start.hits)};
+    // In double: the counts stay exact (floats would round them above 2^24).
+    double sums[4] = {interval_loss, static_cast<double>(interval_samples),
+                      static_cast<double>(stats.unique_rows - stats_start.unique_rows),
+                      static_cast<double>(stats.hits - stats_start.hits)};
     RETURN_IF_ERROR(trainer.AllReduce(sums, 4));
     // Every trainer sees the same sums, so all stop here together. Input is checked for
     // non-finite values when it is read; what remains is divergence.

@@ -30,6 +30,10 @@ struct Group {
 // count, in the same order relative to its other AllReduceSum calls (messages use kTagDense).
 absl::Status AllReduceSum(Transport& transport, const Group& group, float* data, size_t count,
                           absl::Duration timeout);
+// The same in double precision, e.g. for counters summed over trainers: doubles add integers
+// exactly below 2^53 (floats only below 2^24).
+absl::Status AllReduceSum(Transport& transport, const Group& group, double* data, size_t count,
+                          absl::Duration timeout);
 
 // Every member waits until all members reached the barrier.
 absl::Status Barrier(Transport& transport, const Group& group, absl::Duration timeout);

@@ -362,7 +362,8 @@ class Trainer::Impl {
     return FinishIteration(row_grads);
   }
 
-  absl::Status AllReduce(float* data, size_t count) {
+  template <typename T>
+  absl::Status AllReduce(T* data, size_t count) {
     ScopedTimer timer(&stats_.allreduce_seconds);
     return AllReduceSum(transport_, trainer_group(), data, count, options_.peer_timeout);
   }
@@ -1046,6 +1047,9 @@ absl::Status Trainer::EndIterationWithRowGradients(const float* row_grads) {
   return external_->ExternalWaitsForCompute();
 }
 absl::Status Trainer::AllReduce(float* data, size_t count) { return impl_->AllReduce(data, count); }
+absl::Status Trainer::AllReduce(double* data, size_t count) {
+  return impl_->AllReduce(data, count);
+}
 absl::Status Trainer::AllReduceDevice(float* data, size_t count) {
   RETURN_IF_ERROR(external_->ComputeWaitsForExternal());
   RETURN_IF_ERROR(impl_->AllReduceDevice(data, count));

@@ -213,6 +213,8 @@ class Trainer {
   absl::Status EndIterationWithRowGradients(const float* row_grads);
   // Deterministic in-place sum over all trainers of `count` floats in HOST memory.
   absl::Status AllReduce(float* data, size_t count);
+  // The same in double precision: loss sums and counters (exact for integers below 2^53).
+  absl::Status AllReduce(double* data, size_t count);
   // In-place sum over all trainers of `count` floats in the trainer's device memory (host memory
   // on the CPU backend): the dense gradients. Every trainer calls it with the same count, in the
   // same order. CPU: AllReduce. CUDA with more than one trainer: NCCL

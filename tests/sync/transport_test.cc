@@ -211,5 +211,48 @@ TEST(CollectivesTest, AllReduceSumIsExactAndIdenticalOnEveryMember) {
   }
 }
 
+TEST(CollectivesTest, DoubleSumsKeepCountsAboveTwoToThe24Exact) {
+  // Counters summed over trainers (samples, rows, hits): 2^24 + 1 is not a float.
+  const int members = 3;
+  InProcessHub hub(members);
+  const int64_t big = (int64_t{1} << 24) + 1;
+  std::vector<std::vector<double>> data(members);
+  for (int m = 0; m < members; ++m) {
+    data[m] = {static_cast<double>(big), static_cast<double>(m), 0.5};
+  }
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(members);
+  for (int m = 0; m < members; ++m) {
+    threads.emplace_back([&, m] {
+      Group group{{0, 1, 2}, m};
+      results[m] =
+          AllReduceSum(hub.endpoint(m), group, data[m].data(), data[m].size(), absl::Seconds(10));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int m = 0; m < members; ++m) {
+    ASSERT_TRUE(results[m].ok()) << results[m];
+    EXPECT_EQ(static_cast<int64_t>(data[m][0]), 3 * big);
+    EXPECT_EQ(data[m][1], 3.0);
+    EXPECT_EQ(data[m][2], 1.5);
+  }
+}
+
+TEST(CollectivesTest, MembersCallingWithDifferentTypesGetAClearError) {
+  InProcessHub hub(2);
+  std::vector<float> floats(4, 1.0f);
+  std::vector<double> doubles(4, 1.0);
+  absl::Status float_status, double_status;
+  std::thread other([&] {
+    float_status = AllReduceSum(hub.endpoint(0), Group{{0, 1}, 0}, floats.data(), floats.size(),
+                                absl::Seconds(10));
+  });
+  double_status = AllReduceSum(hub.endpoint(1), Group{{0, 1}, 1}, doubles.data(), doubles.size(),
+                               absl::Seconds(10));
+  other.join();
+  EXPECT_THAT(float_status.message(), testing::HasSubstr("different sizes or types"));
+  EXPECT_THAT(double_status.message(), testing::HasSubstr("different sizes or types"));
+}
+
 }  // namespace
 }  // namespace bagpipe
