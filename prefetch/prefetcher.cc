@@ -148,6 +148,7 @@ absl::Status Prefetcher::Request(Iteration iteration, const std::vector<RowId>& 
     stats_.rows += item->rows;
     ++stats_.iterations;
     items_[iteration] = std::move(item);
+    stats_.max_in_flight = std::max<int64_t>(stats_.max_in_flight, items_.size());
   }
   for (int s : targets) {
     RETURN_IF_ERROR(

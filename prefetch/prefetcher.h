@@ -46,6 +46,7 @@ struct PrefetchStats {
   int64_t bytes = 0;        // record bytes received
   double wait_seconds = 0;  // time Wait blocked the trainer (0 when the pipeline keeps up)
   double max_wait_seconds = 0;
+  int64_t max_in_flight = 0;  // most iterations requested and not yet released at once
 };
 
 class Prefetcher {

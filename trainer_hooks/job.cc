@@ -47,6 +47,7 @@ absl::StatusOr<TrainerOutcome> DecodeOutcome(const Bytes& bytes) {
   st.exchanged_bytes = s.value("exchanged_bytes", int64_t{0});
   st.fetched_bytes = s.value("fetched_bytes", int64_t{0});
   st.written_back_bytes = s.value("written_back_bytes", int64_t{0});
+  st.prefetch_max_in_flight = s.value("prefetch_max_in_flight", int64_t{0});
   st.wait_seconds = s.value("wait_seconds", 0.0);
   st.boundary_seconds = s.value("boundary_seconds", 0.0);
   st.lookup_seconds = s.value("lookup_seconds", 0.0);

@@ -42,6 +42,7 @@ nlohmann::json TrainerStats::ToJson() const {
           {"exchanged_bytes", exchanged_bytes},
           {"fetched_bytes", fetched_bytes},
           {"written_back_bytes", written_back_bytes},
+          {"prefetch_max_in_flight", prefetch_max_in_flight},
           {"wait_seconds", wait_seconds},
           {"boundary_seconds", boundary_seconds},
           {"lookup_seconds", lookup_seconds},
@@ -210,6 +211,10 @@ class Trainer::Impl {
     if (capacity <= 0) {
       return absl::InvalidArgumentError("the cache needs a positive --cache-rows");
     }
+    if (options_.prefetch_depth < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prefetch-depth ", options_.prefetch_depth, ": must be at least 1"));
+    }
     ASSIGN_OR_RETURN(cache_,
                      EmbeddingCache::Create(context_, capacity, dim_, options_.sparse_optimizer));
     if (device_mode) RETURN_IF_ERROR(cache_->InitializeRows(options_.initializer, 0, capacity));
@@ -264,6 +269,7 @@ class Trainer::Impl {
     stats.apply_seconds = phase_seconds_[kApplyPhase];
     const PrefetchStats prefetch = prefetcher_->stats();
     stats.fetched_bytes = prefetch.bytes;
+    stats.prefetch_max_in_flight = prefetch.max_in_flight;
     return stats;
   }
 
@@ -322,6 +328,12 @@ class Trainer::Impl {
     stats_.fills += static_cast<int64_t>(plan_.fills.size());
     stats_.unique_rows += static_cast<int64_t>(plan_.unique_rows.size());
     stats_.ids += static_cast<int64_t>(plan_.unique_index.size());
+    // The same events in the cache's own counters (cache/cache_stats.h: the runtime's part).
+    CacheStats& counters = cache_->stats();
+    counters.Add(CacheCounter::kRequests, static_cast<int64_t>(plan_.unique_index.size()));
+    counters.Add(CacheCounter::kUnique, static_cast<int64_t>(plan_.unique_rows.size()));
+    counters.Add(CacheCounter::kHits, std::max<int64_t>(hits, 0));
+    counters.Add(CacheCounter::kMisses, static_cast<int64_t>(plan_.fills.size()));
     in_iteration_ = true;
     lookup_cache_ = cache_.get();
     return true;
@@ -344,7 +356,13 @@ class Trainer::Impl {
     RETURN_IF_ERROR(clock_.Begin(kLookupPhase, Stream::kCompute));
     RETURN_IF_ERROR(lookup_cache_->Gather(batch_.slots, batch_.offsets, batch_.num_tables,
                                           batch_.num_samples, pooled));
-    return clock_.End(kLookupPhase, Stream::kCompute);
+    RETURN_IF_ERROR(clock_.End(kLookupPhase, Stream::kCompute));
+    // Rows read plus bags written, dim floats each.
+    const int64_t bags = static_cast<int64_t>(batch_.num_samples) * batch_.num_tables;
+    lookup_cache_->stats().Add(
+        CacheCounter::kGatheredBytes,
+        (batch_.num_ids + bags) * dim_ * static_cast<int64_t>(sizeof(float)));
+    return absl::OkStatus();
   }
 
   absl::Status EndIteration(const float* pooled_grad) {
@@ -704,8 +722,10 @@ class Trainer::Impl {
       write_back[k] = e.write_back;
       if (e.evict) ++stats_.evictions;
       if (!e.evict) ++stats_.flushes;
+      cache_->stats().Add(e.evict ? CacheCounter::kEvictions : CacheCounter::kFlushes);
       if (!e.write_back) continue;
       ++stats_.write_backs;
+      cache_->stats().Add(CacheCounter::kWriteBacks);
       stats_.written_back_bytes += record_floats_ * static_cast<int64_t>(sizeof(float));
     }
     WriteBackSender::Records buffer;

@@ -144,6 +144,7 @@ struct TrainerStats {
   int64_t exchanged_bytes = 0;
   int64_t fetched_bytes = 0;
   int64_t written_back_bytes = 0;
+  int64_t prefetch_max_in_flight = 0;  // most iterations requested and not yet filled at once
   // Seconds spent in each phase, summed over iterations. The device phases (boundary, lookup,
   // reduce, apply) are measured with events on the compute stream (GPU time on CUDA) and are
   // complete once the stream has passed them (after Flush, for every iteration); wait and sync

@@ -11,6 +11,7 @@ CRITEO="criteo:$SRC/tests/fixtures/criteo_kaggle_sample_100.tsv"
 MOVIELENS="csv:$SRC/tests/fixtures/movielens_small.csv"
 MOVIELENS_SCHEMA='label=rating>3.5; dense=year; sparse=userId,movieId,split(genres,|)'
 failures=0
+source "$SRC/tests/apps/did_its_work.sh"
 
 # expect_ok NAME ARGS...: the command succeeds.
 expect_ok() {
@@ -75,6 +76,9 @@ done
 expect_ok syn_split train --data "$SYN" --batch-size 512 --iterations 25 --cache oracle \
   --cache-rows 3000 --oracle-split-parts 4 --oracle-split-min-rows 100 --deterministic --quiet \
   --out "$WORK/split" --dump-params "$WORK/split"
+for run in off oracle split; do
+  if ! did_its_work "$WORK/$run/summary.json"; then failures=$((failures + 1)); fi
+done
 for run in oracle split; do
   expect_ok "compare_$run" compare "$WORK/off" "$WORK/$run"
   if ! grep -q "parameters bit-identical: yes" "$WORK/compare_$run.out"; then

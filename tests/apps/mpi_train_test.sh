@@ -17,6 +17,7 @@ SYN="synthetic:samples=40000,tables=8,scale=0.001,alpha=1.05,seed=5"
 COMMON=(--data "$SYN" --batch-size 600 --iterations 30 --cache-rows 2500 --dim 8
         --optimizer adagrad --deterministic --quiet)
 failures=0
+source "$(dirname "$0")/did_its_work.sh"
 
 sha() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['params_sha256'])" "$1"; }
 
@@ -37,6 +38,9 @@ for layout in "2 1" "3 2"; do
     fi
     if [[ "$(sha "$run/summary.json")" != "$(sha "$ref/summary.json")" ]]; then
       echo "FAIL $mode T=$T S=$S under mpirun: parameters differ from the embedded off run"
+      failures=$((failures + 1))
+    elif ! did_its_work "$run/summary.json" || ! did_its_work "$ref/summary.json"; then
+      echo "FAIL $mode T=$T S=$S under mpirun: a compared run did not do its work"
       failures=$((failures + 1))
     else
       echo "ok   mpirun -np $np --cache $mode (T=$T, S=$S) == embedded --cache off: $(sha "$run/summary.json")"

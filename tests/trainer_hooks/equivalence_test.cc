@@ -29,6 +29,7 @@ constexpr int kDim = 4;
 constexpr char kData[] = "samples=6400,rows=400/60/1500/9,dense=2,alpha=1.1,pooling=1-3,seed=3";
 
 struct TrainedRun {
+  std::string policy;
   std::string sha;
   std::vector<float> dense;
   std::map<RowId, std::vector<float>> rows;
@@ -89,8 +90,10 @@ absl::Status LogisticLoop(Trainer& trainer, int tables, TrainerOutcome* outcome)
 }
 
 TrainedRun Train(const std::string& policy, int64_t cache_rows, int lookahead, int trainers,
-                 OptimizerKind optimizer, int servers = 2, int iterations = 200) {
+                 OptimizerKind optimizer, int servers = 2, int iterations = 200,
+                 int prefetch_depth = 3) {
   TrainedRun run;
+  run.policy = policy;
   auto config = ParseSyntheticConfig(kData);
   EXPECT_TRUE(config.ok());
   auto source = OpenSynthetic(*config, SourceOptions{});
@@ -105,7 +108,7 @@ TrainedRun Train(const std::string& policy, int64_t cache_rows, int lookahead, i
   options.trainer.sparse_optimizer = {optimizer, 0.3f, 1e-8f, 0.1f};
   options.trainer.policy = *ParseCachePolicy(policy);
   options.trainer.cache_rows = cache_rows;
-  options.trainer.prefetch_depth = 3;
+  options.trainer.prefetch_depth = prefetch_depth;
   options.trainer.initializer =
       RowInitializer(11, kDim, StateFloatsPerRow(optimizer, kDim), 0.1f, schema.table_rows);
   options.oracle.planner.schema = schema;
@@ -130,7 +133,9 @@ TrainedRun Train(const std::string& policy, int64_t cache_rows, int lookahead, i
   absl::Status status = RunEmbeddedJob(
       options, std::move(stream), nullptr,
       [&](Trainer& trainer, TrainerOutcome* outcome) {
-        return LogisticLoop(trainer, tables, outcome);
+        RETURN_IF_ERROR(LogisticLoop(trainer, tables, outcome));
+        outcome->info["cache"] = trainer.cache().stats().ToJson();
+        return absl::OkStatus();
       },
       sink, &run.result);
   EXPECT_TRUE(status.ok()) << policy << ": " << status;
@@ -140,7 +145,51 @@ TrainedRun Train(const std::string& policy, int64_t cache_rows, int lookahead, i
   return run;
 }
 
+// Each mode did its own work (a cache that silently behaved like `off`, or a runtime that
+// exchanged nothing, would still match `off`): rows were served from the cache (hits) except
+// under `off`, fetched into it (fills) except under `device`, and with several trainers the
+// gradients of shared rows were exchanged. The cache's own counters (CacheStats) agree with
+// the trainer's.
+void ExpectEachModeDidItsWork(const TrainedRun& run, const std::string& what) {
+  ASSERT_FALSE(run.result.trainers.empty()) << what;
+  TrainerStats total;
+  for (const TrainerOutcome& outcome : run.result.trainers) {
+    const TrainerStats& stats = outcome.stats;
+    total.hits += stats.hits;
+    total.fills += stats.fills;
+    total.exchanged_rows += stats.exchanged_rows;
+    const nlohmann::json& cache = outcome.info.at("cache");
+    EXPECT_EQ(cache.at("requests").get<int64_t>(), stats.ids) << what;
+    EXPECT_EQ(cache.at("unique").get<int64_t>(), stats.unique_rows) << what;
+    EXPECT_EQ(cache.at("hits").get<int64_t>(), stats.hits) << what;
+    EXPECT_EQ(cache.at("misses").get<int64_t>(), stats.fills) << what;
+    EXPECT_EQ(cache.at("evictions").get<int64_t>(), stats.evictions) << what;
+    EXPECT_EQ(cache.at("write_backs").get<int64_t>(), stats.write_backs) << what;
+    EXPECT_EQ(cache.at("flushes").get<int64_t>(), stats.flushes) << what;
+    EXPECT_GT(cache.at("gathered_bytes").get<int64_t>(), 0) << what;
+    EXPECT_GT(stats.ids, 0) << what;
+    if (stats.unique_rows > 0) {
+      EXPECT_DOUBLE_EQ(cache.at("hit_rate").get<double>(), stats.hit_rate()) << what;
+    }
+  }
+  if (run.policy == "off") {
+    EXPECT_EQ(total.hits, 0) << what;
+  } else {
+    EXPECT_GT(total.hits, 0) << what << ": the cache served nothing";
+  }
+  if (run.policy == "device") {
+    EXPECT_EQ(total.fills, 0) << what;
+  } else {
+    EXPECT_GT(total.fills, 0) << what << ": nothing was fetched";
+  }
+  if (run.result.trainers.size() > 1) {
+    EXPECT_GT(total.exchanged_rows, 0) << what << ": no shared row was exchanged";
+  }
+}
+
 void ExpectIdentical(const TrainedRun& reference, const TrainedRun& run, const std::string& what) {
+  ExpectEachModeDidItsWork(reference, "off (reference of " + what + ")");
+  ExpectEachModeDidItsWork(run, what);
   ASSERT_FALSE(reference.rows.empty());
   EXPECT_EQ(run.dense, reference.dense) << what;
   EXPECT_EQ(run.rows.size(), reference.rows.size()) << what;
@@ -175,6 +224,22 @@ TEST_P(EquivalenceTest, EveryModeMatchesOffBitForBitSeveralTrainers) {
     ExpectIdentical(off, Train("oracle", 500, 10, trainers, optimizer, 2, 120), "oracle" + t);
     ExpectIdentical(off, Train("lru", 500, 1, trainers, optimizer, 1, 120), "lru" + t);
     ExpectIdentical(off, Train("device", 0, 1, trainers, optimizer, 1, 120), "device" + t);
+  }
+}
+
+// The prefetch distance bounds the iterations whose rows are requested and not yet filled
+// (TrainerOptions::prefetch_depth: up to d + 1 ahead of the one training) and changes nothing
+// in the training.
+TEST(PrefetchDepthTest, AtMostDepthPlusTwoIterationsAreFetchedAtOnce) {
+  const TrainedRun off = Train("off", 4000, 1, 2, OptimizerKind::kAdagrad, 2, 120);
+  for (int depth : {1, 2}) {
+    const TrainedRun run =
+        Train("oracle", 500, 10, 2, OptimizerKind::kAdagrad, 2, 120, /*prefetch_depth=*/depth);
+    ExpectIdentical(off, run, "oracle with --prefetch-depth " + std::to_string(depth));
+    for (const TrainerOutcome& outcome : run.result.trainers) {
+      EXPECT_GE(outcome.stats.prefetch_max_in_flight, 1);
+      EXPECT_LE(outcome.stats.prefetch_max_in_flight, depth + 2) << "depth " << depth;
+    }
   }
 }
 
