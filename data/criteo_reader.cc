@@ -17,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "core/excerpt.h"
 #include "core/status.h"
+#include "core/tunables.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
 
@@ -24,8 +25,6 @@ namespace bagpipe {
 namespace {
 
 constexpr int kFields = 1 + kCriteoDense + kCriteoTables;
-// Bytes read per refill: large enough to amortise the parallel parse, small enough to stream.
-constexpr size_t kChunkBytes = size_t{4} << 20;
 // Errors kept in SourceStats::first_errors under skip_bad_lines.
 constexpr size_t kMaxKeptErrors = 10;
 
@@ -384,10 +383,12 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenCriteo(const std::string& path
     return absl::InvalidArgumentError(
         absl::StrCat("criteo: '", path, "' is ", S_ISDIR(st.st_mode) ? "a directory" : "empty"));
   }
-  // A small file needs no full-sized chunk (zero-filling 4 MiB per read would dominate).
+  // Bytes per refill: large enough to amortise the parallel parse, small enough to stream (a
+  // tunable). A small file needs no full-sized chunk (zero-filling 4 MiB per read would dominate).
+  const size_t chunk_bytes = static_cast<size_t>(ReaderChunkBytes());
   const size_t chunk = S_ISREG(st.st_mode)
-                           ? std::min(kChunkBytes, static_cast<size_t>(st.st_size) + 1)
-                           : kChunkBytes;
+                           ? std::min(chunk_bytes, static_cast<size_t>(st.st_size) + 1)
+                           : chunk_bytes;
   return std::unique_ptr<SampleSource>(new CriteoSource(path, file, options, chunk));
 }
 

@@ -55,6 +55,20 @@ expect_ok criteo_train train --data "$CRITEO" --batch-size 16 --epochs 3 --dim 8
 expect_ok movielens_train train --data "$MOVIELENS" --schema "$MOVIELENS_SCHEMA" \
   --batch-size 2048 --iterations 30 --dim 8 --eval-fraction 0.1 --cache lru --cache-rows 4000 \
   --trainers 2 --quiet --out "$WORK/movielens"
+# The Criteo reader's refill size is a tunable: 4 KiB refills (most lines straddle two) read the
+# same data.
+BAGPIPE_READER_CHUNK_BYTES=4096 expect_ok criteo_small_chunks train --data "$CRITEO" \
+  --batch-size 16 --epochs 3 --dim 8 --eval-fraction 0.2 --cache oracle --cache-rows 600 --quiet \
+  --out "$WORK/criteo_small_chunks"
+if [[ "$(json_field "$WORK/criteo_small_chunks/summary.json" params_sha256)" != \
+      "$(json_field "$WORK/criteo/summary.json" params_sha256)" ]]; then
+  echo "FAIL criteo_small_chunks: 4 KiB reader refills trained different parameters"
+  failures=$((failures + 1))
+fi
+if ! BAGPIPE_READER_CHUNK_BYTES=4096 "$BAGPIPE" tunables | grep -q "BAGPIPE_READER_CHUNK_BYTES *4096 "; then
+  echo "FAIL tunables: BAGPIPE_READER_CHUNK_BYTES=4096 is not listed as the current value"
+  failures=$((failures + 1))
+fi
 for key in params_sha256 samples_per_s hit_rate eval; do
   if ! grep -q "\"$key\"" "$WORK/movielens/summary.json" 2>/dev/null; then
     echo "FAIL movielens summary: no '$key' in summary.json"

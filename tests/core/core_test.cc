@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -184,7 +185,24 @@ TEST(MetricsTest, JsonLinesAreOneObjectPerLine) {
 TEST(TunablesTest, ListedWithDefaults) {
   auto list = ListTunables();
   ASSERT_FALSE(list.empty());
-  for (const auto& t : list) EXPECT_EQ(t.env.rfind("BAGPIPE_", 0), 0u) << t.env;
+  for (const auto& t : list) {
+    EXPECT_EQ(t.env.rfind("BAGPIPE_", 0), 0u) << t.env;
+    EXPECT_LE(t.min_value, t.default_value) << t.env;
+    EXPECT_LE(t.default_value, t.max_value) << t.env;
+  }
+}
+
+TEST(TunablesTest, ValuesOutsideTheRangeOrNotIntegersFallBackToTheDefault) {
+  constexpr char kEnv[] = "BAGPIPE_TEST_TUNABLE_VALUE";
+  unsetenv(kEnv);
+  EXPECT_EQ(ReadTunable(kEnv, 7, 1, 100), 7);
+  setenv(kEnv, "42", 1);
+  EXPECT_EQ(ReadTunable(kEnv, 7, 1, 100), 42);
+  for (const char* bad : {"0", "101", "-5", "12abc", "", "1e3", "99999999999999999999999"}) {
+    setenv(kEnv, bad, 1);
+    EXPECT_EQ(ReadTunable(kEnv, 7, 1, 100), 7) << "'" << bad << "'";
+  }
+  unsetenv(kEnv);
 }
 
 }  // namespace
