@@ -11,6 +11,65 @@
 namespace bagpipe {
 namespace {
 
+// Checked reads of the JSON a rank reports at the end (a peer running another build, or a
+// damaged message, must give a clear error instead of an exception): every field is required
+// and of its type.
+class JsonFields {
+ public:
+  JsonFields(const nlohmann::json& object, std::string what)
+      : object_(object), what_(std::move(what)) {}
+
+  // An error unless the JSON is an object.
+  absl::Status CheckObject() const {
+    if (object_.is_object()) return absl::OkStatus();
+    return absl::DataLossError(
+        absl::StrCat(what_, ": expected a JSON object, got ", object_.type_name()));
+  }
+  absl::Status Get(const char* key, int64_t* out) const {
+    ASSIGN_OR_RETURN(const nlohmann::json* value, Find(key));
+    if (!value->is_number_integer()) return WrongType(key, "an integer", *value);
+    *out = value->get<int64_t>();
+    return absl::OkStatus();
+  }
+  absl::Status Get(const char* key, double* out) const {
+    ASSIGN_OR_RETURN(const nlohmann::json* value, Find(key));
+    if (!value->is_number()) return WrongType(key, "a number", *value);
+    *out = value->get<double>();
+    return absl::OkStatus();
+  }
+  absl::Status Get(const char* key, std::string* out) const {
+    ASSIGN_OR_RETURN(const nlohmann::json* value, Find(key));
+    if (!value->is_string()) return WrongType(key, "a string", *value);
+    *out = value->get<std::string>();
+    return absl::OkStatus();
+  }
+  absl::Status GetObject(const char* key, nlohmann::json* out) const {
+    ASSIGN_OR_RETURN(const nlohmann::json* value, Find(key));
+    if (!value->is_object()) return WrongType(key, "an object", *value);
+    *out = *value;
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::StatusOr<const nlohmann::json*> Find(const char* key) const {
+    RETURN_IF_ERROR(CheckObject());
+    auto it = object_.find(key);
+    if (it == object_.end()) {
+      return absl::DataLossError(absl::StrCat(what_, ": \"", key, "\" is missing"));
+    }
+    return &*it;
+  }
+  absl::Status WrongType(const char* key, const char* expected, const nlohmann::json& value) const {
+    return absl::DataLossError(
+        absl::StrCat(what_, ": \"", key, "\" should be ", expected, ", got ", value.type_name()));
+  }
+
+  const nlohmann::json& object_;
+  const std::string what_;
+};
+
+}  // namespace
+
 Bytes EncodeOutcome(const TrainerOutcome& outcome) {
   WireWriter w;
   w.PutVector(outcome.dense_parameters);
@@ -21,61 +80,81 @@ Bytes EncodeOutcome(const TrainerOutcome& outcome) {
   return w.Take();
 }
 
-absl::StatusOr<TrainerOutcome> DecodeOutcome(const Bytes& bytes) {
-  WireReader r(bytes, "trainer outcome");
+absl::StatusOr<TrainerOutcome> DecodeOutcome(const Bytes& bytes, int rank) {
+  const std::string what = absl::StrCat("the outcome reported by rank ", rank);
+  WireReader r(bytes, what.c_str());
   TrainerOutcome outcome;
   RETURN_IF_ERROR(r.GetVector(&outcome.dense_parameters));
   RETURN_IF_ERROR(r.GetVector(&outcome.eval_predictions));
   RETURN_IF_ERROR(r.GetVector(&outcome.eval_labels));
   std::string text;
   RETURN_IF_ERROR(r.GetString(&text));
-  nlohmann::json blob = nlohmann::json::parse(text, nullptr, false);
-  if (blob.is_discarded()) return absl::DataLossError("trainer outcome: malformed JSON");
-  outcome.info = blob["info"];
-  const nlohmann::json& s = blob["stats"];
+  const nlohmann::json blob = nlohmann::json::parse(text, nullptr, false);
+  if (blob.is_discarded()) return absl::DataLossError(absl::StrCat(what, ": malformed JSON"));
+  const JsonFields fields(blob, what);
+  RETURN_IF_ERROR(fields.GetObject("info", &outcome.info));
+  nlohmann::json stats;
+  RETURN_IF_ERROR(fields.GetObject("stats", &stats));
+  const JsonFields s(stats, absl::StrCat(what, ", its statistics"));
   TrainerStats& st = outcome.stats;
-  st.iterations = s.value("iterations", int64_t{0});
-  st.ids = s.value("ids", int64_t{0});
-  st.unique_rows = s.value("unique_rows", int64_t{0});
-  st.hits = s.value("hits", int64_t{0});
-  st.fills = s.value("fills", int64_t{0});
-  st.evictions = s.value("evictions", int64_t{0});
-  st.write_backs = s.value("write_backs", int64_t{0});
-  st.flushes = s.value("flushes", int64_t{0});
-  st.shared_rows = s.value("shared_rows", int64_t{0});
-  st.exchanged_rows = s.value("exchanged_rows", int64_t{0});
-  st.exchanged_bytes = s.value("exchanged_bytes", int64_t{0});
-  st.fetched_bytes = s.value("fetched_bytes", int64_t{0});
-  st.written_back_bytes = s.value("written_back_bytes", int64_t{0});
-  st.prefetch_max_in_flight = s.value("prefetch_max_in_flight", int64_t{0});
-  st.wait_seconds = s.value("wait_seconds", 0.0);
-  st.boundary_seconds = s.value("boundary_seconds", 0.0);
-  st.lookup_seconds = s.value("lookup_seconds", 0.0);
-  st.reduce_seconds = s.value("reduce_seconds", 0.0);
-  st.sync_seconds = s.value("sync_seconds", 0.0);
-  st.apply_seconds = s.value("apply_seconds", 0.0);
-  st.allreduce_seconds = s.value("allreduce_seconds", 0.0);
-  st.dense_allreduce = s.value("dense_allreduce", std::string());
-  st.checkpoints = s.value("checkpoints", int64_t{0});
-  st.checkpoint_seconds = s.value("checkpoint_seconds", 0.0);
-  st.host_syncs = s.value("host_syncs", int64_t{0});
-  st.max_iteration_host_syncs = s.value("max_iteration_host_syncs", int64_t{0});
-  st.growth_iterations = s.value("growth_iterations", int64_t{0});
-  st.last_growth_iteration = s.value("last_growth_iteration", int64_t{-1});
+  for (auto [key, field] : std::initializer_list<std::pair<const char*, int64_t*>>{
+           {"iterations", &st.iterations},
+           {"ids", &st.ids},
+           {"unique_rows", &st.unique_rows},
+           {"hits", &st.hits},
+           {"fills", &st.fills},
+           {"evictions", &st.evictions},
+           {"write_backs", &st.write_backs},
+           {"flushes", &st.flushes},
+           {"shared_rows", &st.shared_rows},
+           {"exchanged_rows", &st.exchanged_rows},
+           {"exchanged_bytes", &st.exchanged_bytes},
+           {"fetched_bytes", &st.fetched_bytes},
+           {"written_back_bytes", &st.written_back_bytes},
+           {"prefetch_max_in_flight", &st.prefetch_max_in_flight},
+           {"checkpoints", &st.checkpoints},
+           {"host_syncs", &st.host_syncs},
+           {"max_iteration_host_syncs", &st.max_iteration_host_syncs},
+           {"growth_iterations", &st.growth_iterations},
+           {"last_growth_iteration", &st.last_growth_iteration}}) {
+    RETURN_IF_ERROR(s.Get(key, field));
+  }
+  for (auto [key, field] : std::initializer_list<std::pair<const char*, double*>>{
+           {"wait_seconds", &st.wait_seconds},
+           {"boundary_seconds", &st.boundary_seconds},
+           {"lookup_seconds", &st.lookup_seconds},
+           {"reduce_seconds", &st.reduce_seconds},
+           {"sync_seconds", &st.sync_seconds},
+           {"apply_seconds", &st.apply_seconds},
+           {"allreduce_seconds", &st.allreduce_seconds},
+           {"checkpoint_seconds", &st.checkpoint_seconds}}) {
+    RETURN_IF_ERROR(s.Get(key, field));
+  }
+  RETURN_IF_ERROR(s.Get("dense_allreduce", &st.dense_allreduce));
   return outcome;
 }
 
-ServerStats ServerStatsFromJson(const nlohmann::json& j) {
+absl::StatusOr<ServerStats> DecodeServerStats(const Bytes& bytes, int rank) {
+  const std::string what = absl::StrCat("the statistics reported by rank ", rank);
+  const nlohmann::json j =
+      nlohmann::json::parse(std::string(bytes.begin(), bytes.end()), nullptr, false);
+  if (j.is_discarded()) return absl::DataLossError(absl::StrCat(what, ": malformed JSON"));
+  const JsonFields fields(j, what);
   ServerStats s;
-  s.fetch_requests = j.value("fetch_requests", int64_t{0});
-  s.rows_fetched = j.value("rows_fetched", int64_t{0});
-  s.write_back_messages = j.value("write_back_messages", int64_t{0});
-  s.rows_written_back = j.value("rows_written_back", int64_t{0});
-  s.deferred_fetches = j.value("deferred_fetches", int64_t{0});
-  s.rows_stored = j.value("rows_stored", int64_t{0});
-  s.bytes_per_row = j.value("bytes_per_row", 0.0);
+  for (auto [key, field] : std::initializer_list<std::pair<const char*, int64_t*>>{
+           {"fetch_requests", &s.fetch_requests},
+           {"rows_fetched", &s.rows_fetched},
+           {"write_back_messages", &s.write_back_messages},
+           {"rows_written_back", &s.rows_written_back},
+           {"deferred_fetches", &s.deferred_fetches},
+           {"rows_stored", &s.rows_stored}}) {
+    RETURN_IF_ERROR(fields.Get(key, field));
+  }
+  RETURN_IF_ERROR(fields.Get("bytes_per_row", &s.bytes_per_row));
   return s;
 }
+
+namespace {
 
 // Receives the kStats control message `what` from `rank` and returns its body.
 absl::StatusOr<Bytes> ReceiveStats(Transport& transport, int rank, absl::Duration timeout,
@@ -101,7 +180,7 @@ absl::Status GatherAtRankZero(Transport& transport, const JobOptions& options,
     // as long as the peer timeout allows between messages.
     ASSIGN_OR_RETURN(const Bytes body, ReceiveStats(transport, layout.trainer_rank(t),
                                                     options.peer_timeout, "a trainer outcome"));
-    ASSIGN_OR_RETURN(result->trainers[t], DecodeOutcome(body));
+    ASSIGN_OR_RETURN(result->trainers[t], DecodeOutcome(body, layout.trainer_rank(t)));
   }
   const int record_floats =
       RecordFloats(options.trainer.sparse_optimizer.kind, options.trainer.dim);
@@ -126,8 +205,7 @@ absl::Status GatherAtRankZero(Transport& transport, const JobOptions& options,
   for (int s = 0; s < layout.servers; ++s) {
     ASSIGN_OR_RETURN(const Bytes body, ReceiveStats(transport, layout.server_rank(s),
                                                     options.peer_timeout, "server statistics"));
-    nlohmann::json j = nlohmann::json::parse(std::string(body.begin(), body.end()), nullptr, false);
-    result->servers[s] = ServerStatsFromJson(j);
+    ASSIGN_OR_RETURN(result->servers[s], DecodeServerStats(body, layout.server_rank(s)));
   }
   return absl::OkStatus();
 }

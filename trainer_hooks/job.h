@@ -85,6 +85,13 @@ struct JobResult {
 // A server's counters as JSON (summaries, per-rank metrics).
 nlohmann::json ServerStatsJson(const ServerStats& stats);
 
+// What a trainer and a server report to rank 0 at the end, on the wire. The decoders fail with
+// DataLoss naming `rank` and the field when a message is malformed, lacks a field or has one of
+// the wrong type.
+Bytes EncodeOutcome(const TrainerOutcome& outcome);
+absl::StatusOr<TrainerOutcome> DecodeOutcome(const Bytes& bytes, int rank);
+absl::StatusOr<ServerStats> DecodeServerStats(const Bytes& bytes, int rank);
+
 // Receives the parameters at rank 0: first the dense parameters, then every embedding row that
 // exists on the servers, in increasing RowId order.
 struct ParamSink {
