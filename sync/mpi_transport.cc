@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/checks.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -62,14 +63,83 @@ absl::StatusOr<std::unique_ptr<MpiTransport>> MpiTransport::Create() {
 }
 
 MpiTransport::MpiTransport(int rank, int size, std::vector<int> node_of_rank)
-    : rank_(rank), size_(size), node_of_rank_(std::move(node_of_rank)), mailbox_(rank) {
+    : rank_(rank),
+      size_(size),
+      node_of_rank_(std::move(node_of_rank)),
+      mailbox_(rank),
+      last_heard_(size, absl::InfinitePast()) {
   progress_ = std::thread([this] { ProgressLoop(); });
 }
 
 MpiTransport::~MpiTransport() {
-  CompleteSends(/*wait_all=*/true);
-  stop_ = true;
+  // The progress thread completes the outstanding sends, then waits until every rank has
+  // completed its own, and ends. It must go on receiving meanwhile: a large send completes only
+  // once the peer's progress thread has received it, and the peer may be waiting for one of
+  // ours (waiting here without the progress thread would deadlock two ranks that end
+  // together, and ending as soon as this rank's sends are done would strand a peer's).
+  bool watched = false;
+  {
+    absl::MutexLock lock(&liveness_mu_);
+    watched = silence_limit_ != absl::InfiniteDuration();
+  }
+  // Rank 0 stops watching this rank: it is done, not silent.
+  if (watched && rank_ != 0) (void)Send(0, kTagHeartbeat, Bytes{1});
+  draining_.store(true, std::memory_order_release);
   progress_.join();
+}
+
+void MpiTransport::WatchLiveness(absl::Duration peer_timeout,
+                                 std::function<std::string(int rank)> describe) {
+  if (peer_timeout == absl::InfiniteDuration() || peer_timeout <= absl::ZeroDuration()) return;
+  absl::MutexLock lock(&liveness_mu_);
+  silence_limit_ = peer_timeout / 2;
+  describe_ = std::move(describe);
+}
+
+void MpiTransport::Heartbeat(absl::Time now) {
+  absl::Duration limit;
+  {
+    absl::MutexLock lock(&liveness_mu_);
+    limit = silence_limit_;
+  }
+  if (limit == absl::InfiniteDuration() || now < next_heartbeat_) return;
+  // Several heartbeats per silence limit, at most a second apart.
+  next_heartbeat_ = now + std::min(limit / 5, absl::Seconds(1));
+  if (rank_ == 0) {
+    CheckLiveness(now);
+  } else {
+    (void)Send(0, kTagHeartbeat, Bytes{0});
+  }
+}
+
+void MpiTransport::NoteAlive(int source, bool goodbye, absl::Time now) {
+  if (rank_ != 0 || source < 0 || source >= size_) return;
+  if (goodbye) {
+    last_heard_[source] = absl::InfiniteFuture();  // never watched again
+  } else if (last_heard_[source] != absl::InfiniteFuture()) {
+    last_heard_[source] = now;
+  }
+}
+
+void MpiTransport::CheckLiveness(absl::Time now) {
+  absl::Duration limit;
+  std::function<std::string(int)> describe;
+  {
+    absl::MutexLock lock(&liveness_mu_);
+    limit = silence_limit_;
+    describe = describe_;
+  }
+  for (int r = 1; r < size_; ++r) {
+    const absl::Time last = last_heard_[r];
+    if (last == absl::InfinitePast() || last == absl::InfiniteFuture()) continue;
+    if (now - last <= limit) continue;
+    const std::string who = describe ? describe(r) : absl::StrCat("rank ", r);
+    Abort(absl::DeadlineExceededError(absl::StrFormat(
+        "%s has sent nothing, not even its heartbeat, for %s (half the peer timeout): its "
+        "process is stopped or hung",
+        who, absl::FormatDuration(now - last))));
+    return;
+  }
 }
 
 absl::Status MpiTransport::Send(int destination, int tag, Bytes payload) {
@@ -111,17 +181,12 @@ absl::Status MpiTransport::aborted() const {
   return aborted_;
 }
 
-bool MpiTransport::CompleteSends(bool wait_all) {
+bool MpiTransport::CompleteSends(bool* all_done) {
   absl::MutexLock lock(&send_mu_);
   bool any = false;
   for (auto it = pending_.begin(); it != pending_.end();) {
     int done = 0;
-    if (wait_all) {
-      MPI_Wait(&(*it)->request, MPI_STATUS_IGNORE);
-      done = 1;
-    } else {
-      MPI_Test(&(*it)->request, &done, MPI_STATUS_IGNORE);
-    }
+    MPI_Test(&(*it)->request, &done, MPI_STATUS_IGNORE);
     if (done) {
       it = pending_.erase(it);
       any = true;
@@ -129,12 +194,18 @@ bool MpiTransport::CompleteSends(bool wait_all) {
       ++it;
     }
   }
+  *all_done = pending_.empty();
   return any;
 }
 
 void MpiTransport::ProgressLoop() {
   int idle_rounds = 0;
-  while (!stop_.load(std::memory_order_acquire)) {
+  // The shutdown barrier (see the destructor): entered once this rank's sends are complete.
+  MPI_Request shutdown = MPI_REQUEST_NULL;
+  bool shutdown_started = false;
+  while (true) {
+    // Read before the sends are tested: once the destructor started, no Send comes after it.
+    const bool draining = draining_.load(std::memory_order_acquire);
     bool progressed = false;
     int flag = 0;
     MPI_Message handle;
@@ -149,10 +220,22 @@ void MpiTransport::ProgressLoop() {
       message.tag = status.MPI_TAG;
       message.payload.resize(count);
       MPI_Mrecv(message.payload.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE);
-      mailbox_.Deliver(std::move(message));
+      const bool heartbeat = message.tag == kTagHeartbeat;
+      NoteAlive(message.source, heartbeat && message.payload == Bytes{1}, absl::Now());
+      if (!heartbeat) mailbox_.Deliver(std::move(message));
       progressed = true;
     }
-    progressed |= CompleteSends(/*wait_all=*/false);
+    if (!draining) Heartbeat(absl::Now());
+    bool all_sent = false;
+    progressed |= CompleteSends(&all_sent);
+    if (draining && all_sent) {
+      if (!shutdown_started) {
+        shutdown_started = true;
+        if (MPI_Ibarrier(MPI_COMM_WORLD, &shutdown) != MPI_SUCCESS) return;
+      }
+      int done = 0;
+      if (MPI_Test(&shutdown, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) return;
+    }
     if (progressed) {
       idle_rounds = 0;
     } else if (++idle_rounds > 64) {

@@ -3,13 +3,16 @@
 // MPI is initialised with MPI_THREAD_MULTIPLE. A progress thread owns receiving: it probes for
 // any message (MPI_Improbe), receives it (MPI_Mrecv) into the rank's Mailbox, and completes
 // pending sends; Send posts MPI_Isend directly and keeps the payload alive until completion.
+// Destruction is collective (see ~MpiTransport).
 // Receive is the Mailbox's (with its timeout), so a dead or hung peer becomes a
 // DeadlineExceeded naming it. Abort logs the reason and calls MPI_Abort, which ends every rank.
 #ifndef BAGPIPE_SYNC_MPI_TRANSPORT_H_
 #define BAGPIPE_SYNC_MPI_TRANSPORT_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -39,7 +42,10 @@ class MpiTransport final : public Transport {
  public:
   // REQUIRES: an MpiSession is alive for the transport's whole life.
   static absl::StatusOr<std::unique_ptr<MpiTransport>> Create();
-  // Completes outstanding sends, then stops the progress thread.
+  // Completes outstanding sends (receiving meanwhile), waits until every rank of the job has
+  // completed its own (a barrier: every rank destroys its transport, as every rank calls
+  // MPI_Finalize), then stops the progress thread. REQUIRES: no Send is running or follows; no
+  // other MPI collective on MPI_COMM_WORLD runs concurrently in this process.
   ~MpiTransport() override;
 
   int rank() const override { return rank_; }
@@ -51,23 +57,40 @@ class MpiTransport final : public Transport {
   // From MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) at Create: a node is numbered by its lowest
   // world rank.
   std::vector<int> NodeOfRanks() const override { return node_of_rank_; }
+  void WatchLiveness(absl::Duration peer_timeout,
+                     std::function<std::string(int rank)> describe) override;
 
  private:
   struct PendingSend;
   MpiTransport(int rank, int size, std::vector<int> node_of_rank);
   void ProgressLoop();
-  // Tests pending sends, freeing completed ones. Returns true if any completed.
-  bool CompleteSends(bool wait_all);
+  // Progress thread: sends this rank's heartbeat when due; at rank 0 notes `source` alive
+  // (a heartbeat or any message) and aborts the job when a watched rank went silent.
+  void Heartbeat(absl::Time now);
+  void NoteAlive(int source, bool goodbye, absl::Time now);
+  void CheckLiveness(absl::Time now);
+  // Tests pending sends, freeing completed ones. Returns true if any completed; `*all_done`
+  // says whether none is left.
+  bool CompleteSends(bool* all_done);
 
   const int rank_;
   const int size_;
   const std::vector<int> node_of_rank_;
   Mailbox mailbox_;
-  std::atomic<bool> stop_{false};
+  // Set by the destructor: the progress thread ends once every send has completed.
+  std::atomic<bool> draining_{false};
   std::thread progress_;
   // Guards the pending sends (payloads owned until MPI completes them).
   absl::Mutex send_mu_;
   std::vector<std::unique_ptr<PendingSend>> pending_ ABSL_GUARDED_BY(send_mu_);
+  // Liveness (WatchLiveness): set once, then read by the progress thread.
+  absl::Mutex liveness_mu_;
+  absl::Duration silence_limit_ ABSL_GUARDED_BY(liveness_mu_) = absl::InfiniteDuration();
+  std::function<std::string(int)> describe_ ABSL_GUARDED_BY(liveness_mu_);
+  // Progress thread only: when this rank's next heartbeat is due; at rank 0, when each rank was
+  // last heard from (InfinitePast: not started, or said goodbye).
+  absl::Time next_heartbeat_ = absl::InfinitePast();
+  std::vector<absl::Time> last_heard_;
   mutable absl::Mutex abort_mu_;
   absl::Status aborted_ ABSL_GUARDED_BY(abort_mu_);
 };

@@ -52,6 +52,7 @@ enum Tag : int {
   kTagCheckpoint =
       12,  // oracle <-> trainers: job start / resume state, the loop's checkpoint state
   kTagStopRequest = 13,  // any rank -> oracle: a stop signal arrived here (stop at a boundary)
+  kTagHeartbeat = 14,    // any rank -> rank 0: alive (transport-level, Transport::WatchLiveness)
   kTagTest = 100,        // reserved for tests
 };
 
@@ -77,6 +78,14 @@ class Transport {
 
   // Fails the whole job with `why` (first call wins). Never blocks for long.
   virtual void Abort(const absl::Status& why) = 0;
+  // Distributed transports: from now on every rank tells rank 0 that its process is alive
+  // several times per `peer_timeout` / 2, and rank 0 aborts the job, naming the rank
+  // (`describe(rank)`), as soon as one that has started stays silent that long: a stopped
+  // (SIGSTOP) or hung process is named before its peers' receives time out and blame the rank
+  // they were waiting for. A rank stops being watched when its transport is destroyed. A no-op
+  // in-process (threads cannot stop alone) and for an infinite timeout.
+  virtual void WatchLiveness(absl::Duration peer_timeout,
+                             std::function<std::string(int rank)> describe) {}
   // The status the job was aborted with, OK if it was not.
   virtual absl::Status aborted() const = 0;
 

@@ -304,6 +304,9 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Start(const JobOptions& options,
     job->transport_ = &job->hub_->endpoint(0);
   } else {
     job->transport_ = transport;
+    // A stopped or hung rank is named by rank 0 before its peers time out waiting for it.
+    transport->WatchLiveness(options.peer_timeout,
+                             [layout](int rank) { return layout.Describe(rank); });
   }
   if (const absl::Status status = job->StartRoles(); !status.ok()) {
     job->Abort(status);

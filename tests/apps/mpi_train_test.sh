@@ -95,14 +95,13 @@ fault() {
     sleep 0.1
   done
   sleep 0.5
-  local victim=""
-  if [[ $which == server ]]; then
-    for pid in $ranks; do
-      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then
-        victim=$pid
-      fi
-    done
-  fi
+  local victim="" want=3
+  [[ $which == server ]] && want=1
+  for pid in $ranks; do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$want"; then
+      victim=$pid
+    fi
+  done
   [[ -n $victim ]] || victim=$(echo "$ranks" | tail -1)
   echo "     ($kind: SIG$signal to pid $victim of ranks $(echo $ranks))"
   local start=$SECONDS
@@ -141,7 +140,13 @@ for kind in "trainer hung (SIGSTOP)" "server hung (SIGSTOP)"; do
     failures=$((failures + 1))
   fi
 done
-if ! grep -q "server 0 (rank 1)" "$WORK/fault_server hung (SIGSTOP).log"; then
+# The stopped rank itself is named (not the peers left waiting for it).
+if ! grep -q "rank 3 (trainer 1) has sent nothing" "$WORK/fault_trainer hung (SIGSTOP).log"; then
+  echo "FAIL trainer hung: no error names the stopped trainer (rank 3)"
+  tail -10 "$WORK/fault_trainer hung (SIGSTOP).log"
+  failures=$((failures + 1))
+fi
+if ! grep -Eq "server 0 \(rank 1\)|rank 1 \(server 0\)" "$WORK/fault_server hung (SIGSTOP).log"; then
   echo "FAIL server hung: no error names the silent server (rank 1)"
   tail -10 "$WORK/fault_server hung (SIGSTOP).log"
   failures=$((failures + 1))
