@@ -53,6 +53,7 @@ enum Tag : int {
       12,  // oracle <-> trainers: job start / resume state, the loop's checkpoint state
   kTagStopRequest = 13,  // any rank -> oracle: a stop signal arrived here (stop at a boundary)
   kTagHeartbeat = 14,    // any rank -> rank 0: alive (transport-level, Transport::WatchLiveness)
+  kTagOptions = 15,      // any rank <-> rank 0: the options that must agree, and the verdict
   kTagTest = 100,        // reserved for tests
 };
 

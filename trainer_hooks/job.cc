@@ -1,12 +1,15 @@
 #include "trainer_hooks/job.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "core/tunables.h"
 #include "sync/protocol.h"
 #include "trainer_hooks/job_config.h"
+#include "trainer_hooks/options_agreement.h"
 
 namespace bagpipe {
 namespace {
@@ -296,6 +299,17 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Start(const JobOptions& options,
   if ((transport == nullptr || transport->rank() == 0) && train == nullptr) {
     return absl::InvalidArgumentError("the job's rank 0 (the oracle) needs the training batches");
   }
+  if (transport != nullptr) {
+    // A stopped or hung rank is named by rank 0 before its peers time out waiting for it.
+    transport->WatchLiveness(options.peer_timeout,
+                             [layout](int rank) { return layout.Describe(rank); });
+    // Every rank was started with the same options, or none starts. Ranks may reach this at
+    // different times (each opens the data to learn its schema): wait as long as for a job's
+    // start.
+    RETURN_IF_ERROR(CheckOptionsAgree(
+        *transport, OptionsThatMustAgree(options),
+        std::max(options.peer_timeout, absl::Milliseconds(CheckpointTimeoutMs()))));
+  }
   std::unique_ptr<Job> job(new Job(options, std::move(train), std::move(eval)));
   if (transport == nullptr) {
     std::vector<int> server_ranks;
@@ -304,9 +318,6 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Start(const JobOptions& options,
     job->transport_ = &job->hub_->endpoint(0);
   } else {
     job->transport_ = transport;
-    // A stopped or hung rank is named by rank 0 before its peers time out waiting for it.
-    transport->WatchLiveness(options.peer_timeout,
-                             [layout](int rank) { return layout.Describe(rank); });
   }
   if (const absl::Status status = job->StartRoles(); !status.ok()) {
     job->Abort(status);

@@ -68,9 +68,26 @@ else
   echo "ok   --trainers 3 under mpirun -np 4 --servers 1: refused"
 fi
 
+# Ranks started with different options (an MPMD launch: two command lines) are refused before
+# anything trains, on every rank, naming the options and the ranks.
+MISMATCH=(--data "$SYN" --batch-size 600 --iterations 5 --cache-rows 2500 --optimizer adagrad
+          --servers 1 --quiet)
+"$MPIEXEC" -np 2 --oversubscribe "$BAGPIPE" train "${MISMATCH[@]}" --lr 0.05 --dim 8 --cache oracle \
+  : -np 2 --oversubscribe "$BAGPIPE" train "${MISMATCH[@]}" --lr 0.1 --dim 16 --cache lru \
+  >"$WORK/mismatch.log" 2>&1
+rc=$?
+for expected in "--lr is 0.05 on rank 0 but 0.1 on ranks 2, 3" \
+    "--dim is 8 on rank 0 but 16 on ranks 2, 3" "--cache is 'oracle' on rank 0 but 'lru' on ranks 2, 3"; do
+  if [[ $rc -eq 0 ]] || ! grep -qF -- "$expected" "$WORK/mismatch.log"; then
+    echo "FAIL mismatched options (exit $rc): expected '$expected'"; tail -5 "$WORK/mismatch.log"
+    failures=$((failures + 1))
+  fi
+done
+[[ $rc -ne 0 ]] && echo "ok   mismatched options refused: $(grep -m1 -o 'different options.*' "$WORK/mismatch.log" | cut -c1-150)"
+
 # fault KIND SIGNAL VICTIM: start a long job (rank 0 oracle, rank 1 server, ranks 2-3 trainers),
-# send SIGNAL to one rank after training began — VICTIM "last" (the last rank started: a
-# trainer) or "server" (the rank whose OMPI_COMM_WORLD_RANK is 1) — and require the job to end
+# send SIGNAL to one rank after training began — VICTIM "last" (rank 3: trainer 1) or "server"
+# (rank 1: server 0), found by OMPI_COMM_WORLD_RANK — and require the job to end
 # with a non-zero exit within the peer timeout (plus slack).
 fault() {
   local kind=$1 signal=$2 which=$3
