@@ -1,8 +1,11 @@
 #include "apps/train_flags.h"
 
+#include <cmath>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/excerpt.h"
 #include "core/status.h"
 
 namespace bagpipe {
@@ -152,6 +155,17 @@ absl::Status FinishTrainFlags(TrainFlags* flags) {
     if (flags->metrics_out.empty()) flags->metrics_out = (dir / "metrics.jsonl").string();
     if (flags->summary_json.empty()) flags->summary_json = (dir / "summary.json").string();
   }
+  // Two outputs on one file would overwrite each other.
+  if (!flags->metrics_out.empty() && !flags->summary_json.empty()) {
+    std::error_code e1, e2;
+    const std::filesystem::path a = std::filesystem::weakly_canonical(flags->metrics_out, e1);
+    const std::filesystem::path b = std::filesystem::weakly_canonical(flags->summary_json, e2);
+    if (flags->metrics_out == flags->summary_json || (!e1 && !e2 && a == b)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics-out and --summary-json name the same file '",
+                       Excerpt(flags->metrics_out), "': each would overwrite the other"));
+    }
+  }
   config.data = flags->data.data;
   config.source = flags->data.options;
   ASSIGN_OR_RETURN(config.cache, ParseCachePolicy(flags->cache));
@@ -165,6 +179,12 @@ absl::Status FinishTrainFlags(TrainFlags* flags) {
   }
   ASSIGN_OR_RETURN(config.device, ParseBackend(flags->device));
   ASSIGN_OR_RETURN(config.server_link, LinkModel::Parse(flags->server_link));
+  // Seconds as given: NaN or infinity would become a duration JobConfig cannot tell apart from
+  // a deliberate one.
+  if (!(std::isfinite(flags->peer_timeout_s) && flags->peer_timeout_s > 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--peer-timeout %g: must be a positive, finite number of seconds", flags->peer_timeout_s));
+  }
   config.peer_timeout = absl::Seconds(flags->peer_timeout_s);
   return config.Validate();
 }

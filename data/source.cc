@@ -25,6 +25,15 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenSource(std::string_view spec,
   const size_t colon = spec.find(':');
   const std::string kind(spec.substr(0, colon));
   const std::string rest(colon == std::string_view::npos ? "" : spec.substr(colon + 1));
+  if (options.max_samples < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-samples ", options.max_samples,
+                                                   ": must be >= 0, or -1 for all samples"));
+  }
+  if (!options.schema.empty() && kind != "csv") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--schema applies to csv: sources only; '", kind.substr(0, 20),
+                     ":' data have a fixed layout (leave --schema out)"));
+  }
   if (kind == "synthetic") return OpenSynthetic(rest, options);
   if (rest.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(

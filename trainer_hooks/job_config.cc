@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "core/status.h"
 #include "trainer_hooks/checkpoint.h"
+#include "trainer_hooks/job_limits.h"
 
 namespace bagpipe {
 namespace {
@@ -218,6 +219,21 @@ absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_si
     }
   }
   RETURN_IF_ERROR(ValidateJobOptions(options));
+
+  // Limits that depend on the machine (the oracle's window, an embedded job's threads, an
+  // emulated link) against an estimate, now that the data's shape is known.
+  JobShape shape;
+  shape.lookahead = planner.lookahead;
+  shape.batch_size = batch_size;
+  shape.num_tables = schema.num_tables();
+  shape.num_dense = schema.num_dense();
+  shape.trainers = layout.trainers;
+  shape.servers = layout.servers;
+  shape.embedded = world_size <= 0;
+  shape.record_floats = RecordFloats(optimizer.kind, dim);
+  shape.server_link = server_link;
+  shape.peer_timeout = peer_timeout;
+  RETURN_IF_ERROR(CheckJobLimits(shape));
   return options;
 }
 

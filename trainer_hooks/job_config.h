@@ -100,7 +100,9 @@ struct JobConfig {
   // other. The error names every option involved and its value.
   absl::Status Validate() const;
 
-  // Validates and derives every component's options for data of `schema`. `world_size` > 0:
+  // Validates, checks the limits that depend on the machine (trainer_hooks/job_limits.h: the
+  // oracle's window, an embedded job's threads, an emulated link) and derives every
+  // component's options for data of `schema`. `world_size` > 0:
   // the job runs under mpirun with that many ranks (the trainers follow from it).
   absl::StatusOr<JobOptions> Resolve(const Schema& schema, int world_size = 0) const;
 

@@ -115,6 +115,29 @@ expect_error tiny_cache "error:.*(capacity|cache)" train --data "$SYN" --batch-s
 expect_error bad_eval_fraction "eval-fraction" train --data "$SYN" --eval-fraction 1.5 --quiet
 expect_error bad_link "server-link|link" train --data "$SYN" --server-link "fast" --quiet
 expect_error compare_missing "summary.json|No such" compare "$WORK/nothing" "$WORK/off"
+# Flags out of range, NaN, or beyond what the machine can run: refused up front, naming the flag
+# and its value (and the estimate where the limit depends on the machine).
+SHORT=(--data "$SYN" --batch-size 512 --iterations 2 --quiet)
+expect_error huge_lookahead "--lookahead 1000000000: the oracle's window would take about [0-9.]+ TB" \
+  train "${SHORT[@]}" --lookahead 1000000000
+expect_error many_servers "--servers 100000: an embedded job runs every server as a thread" \
+  train "${SHORT[@]}" --servers 100000
+expect_error slow_link "--server-link .*: one iteration's rows .* would take" \
+  train "${SHORT[@]}" --server-link 1bit/s
+expect_error late_link "--server-link .*: a latency of 1000h reaches half the peer timeout" \
+  train "${SHORT[@]}" --server-link 10Gbit/s,1000h
+expect_error negative_max_samples "--max-samples -5: must be >= 0" \
+  train "${SHORT[@]}" --max-samples -5
+expect_error nan_eval_fraction "--eval-fraction nan: must be in" \
+  train "${SHORT[@]}" --eval-fraction nan
+expect_error nan_peer_timeout "--peer-timeout nan: must be a positive, finite" \
+  train "${SHORT[@]}" --peer-timeout nan
+expect_error zero_peer_timeout "--peer-timeout 0: must be a positive, finite" \
+  train "${SHORT[@]}" --peer-timeout 0
+expect_error schema_with_criteo "--schema applies to csv: sources only; 'criteo:'" \
+  train --data "$CRITEO" --schema "label=x" --quiet
+expect_error metrics_is_summary "--metrics-out and --summary-json name the same file '.*/same.json'" \
+  train "${SHORT[@]}" --metrics-out "$WORK/same.json" --summary-json "$WORK/./same.json"
 
 # --- one validated set of options ------------------------------------------------------------
 expect_error split_with_trainers "--oracle-split-parts 4.*--trainers 2" train --data "$SYN" \
