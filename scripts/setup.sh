@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Bagpipe needs to build and test, only those missing, after
 # printing their names. Idempotent; non-interactive; needs root or password-less sudo.
-# Usage: scripts/setup.sh [--with-plots]
+# Usage: scripts/setup.sh [--with-plots] [--with-sanitizers]
 #   --with-plots      also installs python3-matplotlib for scripts/plot_*.py
+#   --with-sanitizers also installs dpkg-dev (scripts/sanitize.sh unpacks Abseil's source package)
 # Environment:
 #   BAGPIPE_NO_APT=1  install nothing, for machines where you manage packages yourself: print the
 #                     Debian packages that are missing (if dpkg exists) and exit 0, so that the
@@ -24,6 +25,7 @@ command -v python3 >/dev/null 2>&1 || packages+=(python3)
 for arg in "$@"; do
   case "$arg" in
     --with-plots) packages+=(python3-matplotlib) ;;
+    --with-sanitizers) packages+=(dpkg-dev) ;;
     *) echo "setup.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
