@@ -2,7 +2,9 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -203,6 +205,15 @@ void MpiTransport::ProgressLoop() {
   // The shutdown barrier (see the destructor): entered once this rank's sends are complete.
   MPI_Request shutdown = MPI_REQUEST_NULL;
   bool shutdown_started = false;
+  // Receives in flight, in the order MPI matched them; each source's are delivered in that order
+  // (its send order) as they complete. Non-blocking: a peer stopped in the middle of a large
+  // message must not stop this thread (this rank's heartbeats, the other peers' messages).
+  struct PendingReceive {
+    MPI_Request request = MPI_REQUEST_NULL;
+    Message message;
+  };
+  std::deque<std::unique_ptr<PendingReceive>> receiving;
+  std::vector<char> source_blocked(size_, 0);
   while (true) {
     // Read before the sends are tested: once the destructor started, no Send comes after it.
     const bool draining = draining_.load(std::memory_order_acquire);
@@ -215,15 +226,38 @@ void MpiTransport::ProgressLoop() {
         flag) {
       int count = 0;
       MPI_Get_count(&status, MPI_BYTE, &count);
-      Message message;
-      message.source = status.MPI_SOURCE;
-      message.tag = status.MPI_TAG;
-      message.payload.resize(count);
-      MPI_Mrecv(message.payload.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE);
-      const bool heartbeat = message.tag == kTagHeartbeat;
-      NoteAlive(message.source, heartbeat && message.payload == Bytes{1}, absl::Now());
-      if (!heartbeat) mailbox_.Deliver(std::move(message));
+      auto pending = std::make_unique<PendingReceive>();
+      pending->message.source = status.MPI_SOURCE;
+      pending->message.tag = status.MPI_TAG;
+      pending->message.payload.resize(count);
+      // A message matched: its sender is alive (even while the rest of a large one is coming).
+      NoteAlive(status.MPI_SOURCE, /*goodbye=*/false, absl::Now());
+      MPI_Imrecv(pending->message.payload.data(), count, MPI_BYTE, &handle, &pending->request);
+      receiving.push_back(std::move(pending));
       progressed = true;
+    }
+    if (!receiving.empty()) {
+      std::fill(source_blocked.begin(), source_blocked.end(), 0);
+      for (auto it = receiving.begin(); it != receiving.end();) {
+        PendingReceive& pending = **it;
+        const int source = pending.message.source;
+        int done = 0;
+        if (!source_blocked[source]) MPI_Test(&pending.request, &done, MPI_STATUS_IGNORE);
+        if (!done) {
+          source_blocked[source] = 1;  // its later messages wait for this one
+          ++it;
+          continue;
+        }
+        Message message = std::move(pending.message);
+        it = receiving.erase(it);
+        const bool heartbeat = message.tag == kTagHeartbeat;
+        if (heartbeat) {
+          NoteAlive(message.source, message.payload == Bytes{1}, absl::Now());
+        } else {
+          mailbox_.Deliver(std::move(message));
+        }
+        progressed = true;
+      }
     }
     if (!draining) Heartbeat(absl::Now());
     bool all_sent = false;
@@ -231,10 +265,10 @@ void MpiTransport::ProgressLoop() {
     if (draining && all_sent) {
       if (!shutdown_started) {
         shutdown_started = true;
-        if (MPI_Ibarrier(MPI_COMM_WORLD, &shutdown) != MPI_SUCCESS) return;
+        if (MPI_Ibarrier(MPI_COMM_WORLD, &shutdown) != MPI_SUCCESS) break;
       }
       int done = 0;
-      if (MPI_Test(&shutdown, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) return;
+      if (MPI_Test(&shutdown, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) break;
     }
     if (progressed) {
       idle_rounds = 0;
@@ -243,6 +277,9 @@ void MpiTransport::ProgressLoop() {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
+  // Every rank's sends completed before it entered the barrier: what is still being received
+  // here has arrived. Nobody reads it any more.
+  for (auto& pending : receiving) MPI_Wait(&pending->request, MPI_STATUS_IGNORE);
 }
 
 }  // namespace bagpipe
