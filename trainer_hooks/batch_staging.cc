@@ -128,9 +128,14 @@ absl::StatusOr<StagedPlan> BatchStaging::Stage(const TrainerPlan& plan, bool wit
 
   char* h = slot.host;
   auto host_at = [&](size_t offset) { return h + offset; };
-  std::memcpy(host_at(layout.dense), plan.dense.data(), plan.dense.size() * sizeof(float));
-  std::memcpy(host_at(layout.labels), plan.labels.data(), plan.labels.size() * sizeof(float));
-  std::memcpy(host_at(layout.offsets), plan.offsets.data(), plan.offsets.size() * sizeof(int64_t));
+  // An empty vector's data() may be null (a batch without dense features), and memcpy from a
+  // null pointer is undefined even for 0 bytes (UBSan reports it).
+  auto copy = [](void* to, const void* from, size_t bytes) {
+    if (bytes > 0) std::memcpy(to, from, bytes);
+  };
+  copy(host_at(layout.dense), plan.dense.data(), plan.dense.size() * sizeof(float));
+  copy(host_at(layout.labels), plan.labels.data(), plan.labels.size() * sizeof(float));
+  copy(host_at(layout.offsets), plan.offsets.data(), plan.offsets.size() * sizeof(int64_t));
   const size_t ids = plan.unique_index.size();
   auto* slots = reinterpret_cast<SlotId*>(host_at(layout.slots));
   for (size_t j = 0; j < ids; ++j) {
@@ -142,8 +147,8 @@ absl::StatusOr<StagedPlan> BatchStaging::Stage(const TrainerPlan& plan, bool wit
     }
     slots[j] = plan.unique_slots[u];
   }
-  std::memcpy(host_at(layout.unique_slots), plan.unique_slots.data(),
-              plan.unique_slots.size() * sizeof(SlotId));
+  copy(host_at(layout.unique_slots), plan.unique_slots.data(),
+       plan.unique_slots.size() * sizeof(SlotId));
   BackwardIndexView backward;
   if (with_backward) {
     // The CSR of occurrences per unique row, built here, iterations before the reduce needs it.
