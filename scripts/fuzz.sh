@@ -7,11 +7,13 @@
 # the input to tests/fuzz/regressions/<harness>/ so that ctest replays it).
 # Usage: scripts/fuzz.sh [SECONDS_PER_HARNESS]   (default 30; FUZZ_SECONDS also sets it)
 #   FUZZ_BUILD_DIR (default build-fuzz), FUZZ_PARALLEL harnesses at a time (default: cores, max 2),
-#   FUZZ_HARNESSES (default: all), CC_FUZZ / CXX_FUZZ (default clang / clang++).
+#   FUZZ_HARNESSES (default: all), CC_FUZZ / CXX_FUZZ (default clang / clang++), FUZZ_SEED
+#   (libFuzzer's -seed, default 1: CI explores the same inputs run to run; pick others to explore).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 seconds=${1:-${FUZZ_SECONDS:-30}}
+seed=${FUZZ_SEED:-1}
 build=${FUZZ_BUILD_DIR:-build-fuzz}
 harnesses=${FUZZ_HARNESSES:-"criteo csv binary params plan_codec wire checkpoint"}
 cores=$(nproc)
@@ -50,7 +52,7 @@ run() {
   mkdir -p "$corpus"
   local max_len=16384
   [[ $harness == params ]] && max_len=80000
-  if "$bin/${harness}_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+  if "$bin/${harness}_fuzz" -max_total_time="$seconds" -seed="$seed" -timeout=10 -rss_limit_mb=2048 \
       -max_len="$max_len" -print_final_stats=1 -artifact_prefix="$build/findings/$harness-" \
       "${inputs[@]}" >"$build/logs/$harness" 2>&1; then
     echo "ok   $harness: $(grep -m1 -o 'stat::number_of_executed_units: [0-9]*' \
