@@ -1,8 +1,9 @@
 """The same torch.nn DLRM trained through bagpipe equals the pure-PyTorch model with
 nn.EmbeddingBag tables started from the same parameters: the loss of every one of 20 iterations
 agrees within 1e-6 (relative), with SGD and with Adagrad (same eps on both sides; lr 0.01, where
-float rounding does not dominate Adagrad's first steps). The batches come from a Python iterable
-(per-table ids with nn.EmbeddingBag-style offsets), which the oracle reads ahead on its thread."""
+float rounding does not dominate Adagrad's first steps); so does the embedding-only head
+(--model logreg) against nn.Linear. The batches come from a Python iterable (per-table ids with
+nn.EmbeddingBag-style offsets), which the oracle reads ahead on its thread."""
 
 import numpy as np
 import pytest
@@ -45,8 +46,8 @@ def torch_optimizer(params, kind, lr, eps):
     return torch.optim.Adagrad(params, lr=lr, eps=eps)
 
 
-def bagpipe_losses(example, config, schema, batches):
-    flags = {"model": "dlrm", "bottom": f"{NUM_DENSE}-16-{DIM}", "top": "16-1"}
+def bagpipe_losses(example, config, schema, batches, model_name="dlrm"):
+    flags = {"model": model_name, "bottom": f"{NUM_DENSE}-16-{DIM}", "top": "16-1"}
     with bagpipe.Job(config, data=batches, schema=schema) as job:
         (trainer,) = job.trainers
         model = example.build_model(flags, trainer, len(TABLE_ROWS), NUM_DENSE, DIM, config.seed)
@@ -67,10 +68,25 @@ def bagpipe_losses(example, config, schema, batches):
     return losses, stats
 
 
-def torch_losses(example, config, schema, batches):
-    flags = {"model": "dlrm", "bottom": f"{NUM_DENSE}-16-{DIM}", "top": "16-1"}
+class LinearLogReg(torch.nn.Module):
+    """The textbook embedding-only head: nn.Linear over the flattened pooled embeddings (the
+    example's LogReg computes the same with torch.addmv, which is cheaper)."""
+
+    def __init__(self, linear, embeddings):
+        super().__init__()
+        self.linear = linear
+        self.embeddings = embeddings
+
+    def forward(self, dense, sparse):
+        return self.linear(self.embeddings(sparse).reshape(len(dense), -1)).squeeze(1)
+
+
+def torch_losses(example, config, schema, batches, model_name="dlrm"):
+    flags = {"model": model_name, "bottom": f"{NUM_DENSE}-16-{DIM}", "top": "16-1"}
     tables = example.TorchEmbeddingBags(bagpipe.initial_embedding_weights(config, schema))
     model = example.build_model(flags, tables, len(TABLE_ROWS), NUM_DENSE, DIM, config.seed)
+    if model_name == "logreg":
+        model = LinearLogReg(model.linear, tables)
     dense = [p for name, p in model.named_parameters() if not name.startswith("embeddings.")]
     optimizer = torch_optimizer(dense, config.optimizer, config.lr, config.eps)
     sparse = torch_optimizer(tables.parameters(), config.optimizer, config.lr, config.eps)
@@ -104,6 +120,24 @@ def test_bagpipe_equals_pure_pytorch(example, optimizer, lr, cache):
     worst = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
     assert worst <= 1e-6, f"{optimizer}: losses differ by {worst:.2e} (relative)\n{ours}\n{theirs}"
     assert ours[-1] < ours[0]  # and it learns
+
+
+def test_logreg_head_equals_nn_linear(example):
+    # The example's embedding-only head (--model logreg, addmv) against nn.Linear on
+    # nn.EmbeddingBag tables: the same model, within float rounding.
+    torch.set_num_threads(1)
+    config = bagpipe.Config(batch_size=BATCH, cache="oracle", cache_rows=700, lookahead=5,
+                            dim=DIM, optimizer="adagrad", lr=0.01, eps=1e-10, seed=3,
+                            deterministic=True)
+    schema = bagpipe.Schema(table_rows=TABLE_ROWS, num_dense=NUM_DENSE)
+    batches = make_batches(seed=11)
+    ours, stats = bagpipe_losses(example, config, schema, batches, "logreg")
+    theirs = torch_losses(example, config, schema, batches, "logreg")
+    assert len(ours) == len(theirs) == ITERATIONS
+    assert stats["hits"] > 0 and stats["fills"] > 0
+    worst = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
+    assert worst <= 1e-6, f"logreg: losses differ by {worst:.2e} (relative)\n{ours}\n{theirs}"
+    assert ours[-1] < ours[0]
 
 
 def test_the_comparison_can_fail(example):
