@@ -6,16 +6,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/checked_math.h"
 #include "core/crc32c.h"
+#include "core/file_read.h"
 #include "core/status.h"
 
 namespace bagpipe {
@@ -25,6 +29,8 @@ constexpr size_t kBufferBytes = size_t{1} << 20;
 constexpr size_t kHeaderBytes = 16;
 constexpr size_t kTrailerBytes = 16;
 constexpr char kTrailerMagic[4] = {'B', 'P', 'O', 'K'};
+
+void (*opened_hook_for_testing)(const std::string& path) = nullptr;
 
 absl::Status ErrnoError(const std::string& what, const std::string& path, int error) {
   const std::string message = absl::StrCat(what, " '", path, "': ", std::strerror(error));
@@ -247,7 +253,8 @@ absl::StatusOr<ChecksummedFile> ChecksummedFile::Open(const std::string& path,
   const std::string what(what_view);
   ChecksummedFile file;
   file.path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO put in the file's place must not wait for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoError(absl::StrCat("cannot open ", what), path, errno);
   struct stat st;
   if (::fstat(fd, &st) != 0) {
@@ -255,19 +262,55 @@ absl::StatusOr<ChecksummedFile> ChecksummedFile::Open(const std::string& path,
     ::close(fd);
     return ErrnoError("cannot stat", path, error);
   }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s '%s' is not a regular file", what, path));
+  }
   const size_t size = static_cast<size_t>(st.st_size);
+  // Read, not mapped: a file truncated or rewritten by another process while it is being read
+  // gives a short read (a DataLoss naming it), where a mapping would give SIGBUS. The contents
+  // are checksummed as they arrive (each block while it is still in the cache).
+  if (opened_hook_for_testing != nullptr) opened_hook_for_testing(path);
+  uint32_t crc = 0;
   if (size > 0) {
-    file.map_ = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (file.map_ == MAP_FAILED) {
-      file.map_ = nullptr;
+    // The whole file is held in memory until it is verified: refuse one larger than this
+    // machine's memory instead of being killed for it.
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page_bytes = ::sysconf(_SC_PAGESIZE);
+    const std::optional<int64_t> memory = CheckedMul(pages, page_bytes);
+    if (pages > 0 && page_bytes > 0 && memory.has_value() && st.st_size > *memory) {
+      ::close(fd);
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "cannot read %s '%s': its %d bytes exceed this machine's memory (%d bytes)", what, path,
+          size, *memory));
+    }
+    // Pages populated at once (MAP_POPULATE): faulting in a large buffer 4 KiB at a time while
+    // reading measured about 30% slower.
+    void* buffer = ::mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (buffer == MAP_FAILED) {
       const int error = errno;
       ::close(fd);
-      return ErrnoError("cannot map", path, error);
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("cannot read %s '%s': no memory for its %d bytes (%s)", what, path, size,
+                          std::strerror(error)));
     }
-    file.map_bytes_ = size;
+    file.data_ = static_cast<char*>(buffer);
+    file.data_bytes_ = size;
+    const size_t crc_end = size >= kTrailerBytes ? size - kTrailerBytes : 0;
+    for (size_t at = 0; at < size; at += kBufferBytes) {
+      const size_t block = std::min(kBufferBytes, size - at);
+      const absl::Status read =
+          PreadExactly(fd, static_cast<int64_t>(at), file.data_ + at, block, path, what);
+      if (!read.ok()) {
+        ::close(fd);
+        return read;
+      }
+      if (at < crc_end) crc = ExtendCrc32c(crc, file.data_ + at, std::min(block, crc_end - at));
+    }
   }
   ::close(fd);
-  const char* bytes = static_cast<const char*>(file.map_);
+  const char* bytes = file.data_;
   if (size < kHeaderBytes + kTrailerBytes) {
     return absl::DataLossError(absl::StrFormat(
         "%s '%s' is truncated: %d bytes, fewer than its header and trailer", what, path, size));
@@ -284,7 +327,6 @@ absl::StatusOr<ChecksummedFile> ChecksummedFile::Open(const std::string& path,
         "match its length",
         what, path, size));
   }
-  const uint32_t crc = Crc32c(bytes, size - kTrailerBytes);
   if (crc != stored_crc) {
     return absl::DataLossError(absl::StrFormat(
         "%s '%s' is corrupt: the CRC32C of its contents is %08x, its trailer says %08x", what, path,
@@ -306,18 +348,22 @@ absl::StatusOr<ChecksummedFile> ChecksummedFile::Open(const std::string& path,
   return file;
 }
 
+void SetChecksummedFileOpenedHookForTesting(void (*hook)(const std::string& path)) {
+  opened_hook_for_testing = hook;
+}
+
 ChecksummedFile::ChecksummedFile(ChecksummedFile&& other) noexcept { *this = std::move(other); }
 
 ChecksummedFile& ChecksummedFile::operator=(ChecksummedFile&& other) noexcept {
   if (this != &other) {
     Reset();
     path_ = std::move(other.path_);
-    map_ = other.map_;
-    map_bytes_ = other.map_bytes_;
+    data_ = other.data_;
+    data_bytes_ = other.data_bytes_;
     payload_ = other.payload_;
     digest_ = other.digest_;
-    other.map_ = nullptr;
-    other.map_bytes_ = 0;
+    other.data_ = nullptr;
+    other.data_bytes_ = 0;
     other.payload_ = {};
   }
   return *this;
@@ -326,9 +372,9 @@ ChecksummedFile& ChecksummedFile::operator=(ChecksummedFile&& other) noexcept {
 ChecksummedFile::~ChecksummedFile() { Reset(); }
 
 void ChecksummedFile::Reset() {
-  if (map_ != nullptr) ::munmap(map_, map_bytes_);
-  map_ = nullptr;
-  map_bytes_ = 0;
+  if (data_ != nullptr) ::munmap(data_, data_bytes_);
+  data_ = nullptr;
+  data_bytes_ = 0;
   payload_ = {};
 }
 

@@ -21,8 +21,9 @@
 // The header and trailer keep this layout in every format version, so that a reader can tell
 // "truncated", "corrupt" (CRC mismatch), "not this kind of file" and "another format version"
 // apart — in that order: one flipped byte anywhere in a file is reported as damage, not as a
-// version or kind mismatch. Readers map the file (mmap) and verify it whole before handing out
-// the payload.
+// version or kind mismatch. Readers read the file into memory (pread, not mmap: a file truncated
+// or rewritten by another process meanwhile is a DataLoss naming it, never SIGBUS) and verify it
+// whole before handing out the payload.
 //
 // Thread-safety: a writer or a reader is used by one thread at a time; distinct objects are
 // independent.
@@ -119,13 +120,16 @@ class ChecksummedFileWriter {
 absl::StatusOr<FileDigest> WriteChecksummedFile(const std::string& path, std::string_view magic,
                                                 uint32_t version, std::string_view payload);
 
-// A verified checksummed file, mapped read-only. Move-only.
+// A verified checksummed file, read whole into memory (it holds the file's size in bytes).
+// Move-only.
 class ChecksummedFile {
  public:
-  // Maps and verifies `path`: it must be complete (trailer present, length consistent), its
-  // CRC32C must match, it must start with `magic` and have format `version`. `what` names the
-  // kind in messages ("checkpoint manifest"). Errors: NotFound (cannot open), DataLoss
-  // (truncated, corrupt, not this kind of file), FailedPrecondition (another format version).
+  // Reads and verifies `path`: it must be a regular file, complete (trailer present, length
+  // consistent), its CRC32C must match, it must start with `magic` and have format `version`.
+  // `what` names the kind in messages ("checkpoint manifest"). Errors: NotFound (cannot open),
+  // DataLoss (truncated — also while it was being read —, corrupt, not this kind of file),
+  // FailedPrecondition (another format version, not a regular file), ResourceExhausted (no
+  // memory for its size).
   static absl::StatusOr<ChecksummedFile> Open(const std::string& path, std::string_view magic,
                                               uint32_t version, std::string_view what);
   ChecksummedFile(ChecksummedFile&& other) noexcept;
@@ -142,11 +146,16 @@ class ChecksummedFile {
   void Reset();
 
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
+  char* data_ = nullptr;  // the whole file, in anonymous memory (munmap)
+  size_t data_bytes_ = 0;
   std::string_view payload_;
   FileDigest digest_;
 };
+
+// Test-only: `hook` runs inside ChecksummedFile::Open once the file is open and its size known,
+// before its contents are read (a test truncates the file there); nullptr for none. Not
+// thread-safe; never set in production.
+void SetChecksummedFileOpenedHookForTesting(void (*hook)(const std::string& path));
 
 }  // namespace bagpipe
 

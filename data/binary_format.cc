@@ -24,6 +24,7 @@
 #include "core/atomic_file.h"
 #include "core/checked_math.h"
 #include "core/excerpt.h"
+#include "core/file_read.h"
 #include "core/json_fields.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -60,25 +61,7 @@ std::string ErrnoText(int error) { return std::strerror(error); }
 // it was truncated, or shrank after it was opened.
 absl::Status ReadAt(int fd, int64_t offset, void* out, size_t bytes, const std::string& path,
                     const char* what) {
-  char* p = static_cast<char*>(out);
-  while (bytes > 0) {
-    const ssize_t got = pread(fd, p, bytes, offset);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return absl::DataLossError(absl::StrCat("bin: cannot read '", path, "' at byte ", offset,
-                                              " (", what, "): ", ErrnoText(errno)));
-    }
-    if (got == 0) {
-      return absl::DataLossError(absl::StrCat("bin: '", path, "' ends at byte ", offset,
-                                              " inside the ", what,
-                                              ": the file was truncated or shrank while it was "
-                                              "being read"));
-    }
-    p += got;
-    offset += got;
-    bytes -= static_cast<size_t>(got);
-  }
-  return absl::OkStatus();
+  return PreadExactly(fd, offset, out, bytes, path, what, "bin: ");
 }
 
 // Writes exactly `bytes` bytes at `offset` of `fd`.

@@ -5,6 +5,7 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "core/crc32c.h"
 #include "core/metrics.h"
 #include "gmock/gmock.h"
@@ -20,6 +22,7 @@
 namespace bagpipe {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
@@ -194,6 +197,48 @@ TEST(ChecksummedFileTest, OtherKindOrVersionIsRefusedByName) {
   EXPECT_THAT(std::string(kind.status().message()), HasSubstr("is not a other file"));
   auto missing = ChecksummedFile::Open(dir / "missing", "BPTESTFL", 2, "test file");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+// Another process truncates the file after it was opened and measured, before (or while) it is
+// read: a mapped reader gets SIGBUS at the first page past the new end; this one a DataLoss
+// naming the file and where it ended.
+TEST(ChecksummedFileTest, FileTruncatedWhileBeingReadIsDataLossNotASignal) {
+  TempDir dir;
+  const std::string path = dir / "f";
+  const std::string payload(size_t{3} << 20, 'p');  // several read blocks
+  ASSERT_TRUE(WriteChecksummedFile(path, "BPTESTFL", 1, payload).ok());
+  static size_t truncate_to;
+  SetChecksummedFileOpenedHookForTesting(
+      [](const std::string& p) { ASSERT_EQ(::truncate(p.c_str(), truncate_to), 0); });
+  for (const size_t size : {size_t{0}, size_t{10}, size_t{1} << 20, (size_t{3} << 20) / 2}) {
+    truncate_to = size;
+    ASSERT_TRUE(WriteChecksummedFile(path, "BPTESTFL", 1, payload).ok());
+    auto file = ChecksummedFile::Open(path, "BPTESTFL", 1, "test file");
+    ASSERT_FALSE(file.ok()) << "truncated to " << size;
+    EXPECT_EQ(file.status().code(), absl::StatusCode::kDataLoss) << file.status();
+    EXPECT_THAT(std::string(file.status().message()),
+                AllOf(HasSubstr(path), HasSubstr(absl::StrCat("ends at byte ", size)),
+                      HasSubstr("truncated or shrank while it was being read")));
+  }
+  SetChecksummedFileOpenedHookForTesting(nullptr);
+  // The same file read whole (the reader itself works on a file of several blocks).
+  ASSERT_TRUE(WriteChecksummedFile(path, "BPTESTFL", 1, payload).ok());
+  auto file = ChecksummedFile::Open(path, "BPTESTFL", 1, "test file");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->payload(), payload);
+}
+
+// Something other than a regular file in a checkpoint's place is refused at once (a FIFO would
+// otherwise block the reader until a writer came).
+TEST(ChecksummedFileTest, NotARegularFileIsRefusedWithoutWaiting) {
+  TempDir dir;
+  const std::string path = dir / "fifo";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  auto fifo = ChecksummedFile::Open(path, "BPTESTFL", 1, "test file");
+  EXPECT_EQ(fifo.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(fifo.status().message()), HasSubstr("is not a regular file"));
+  auto directory = ChecksummedFile::Open(dir.path(), "BPTESTFL", 1, "test file");
+  EXPECT_FALSE(directory.ok());
 }
 
 TEST(MetricsFileTest, ResumeKeepsCompleteLinesUpToTheIteration) {
