@@ -48,10 +48,10 @@ absl::Status RunTrain(TrainFlags flags) {
   std::unique_ptr<MpiSession> mpi;
   std::unique_ptr<MpiTransport> mpi_transport;
   if (LaunchedByMpirun()) {
-    int argc = 0;
-    char** argv = nullptr;
-    ASSIGN_OR_RETURN(mpi, MpiSession::Init(&argc, &argv));
-    ASSIGN_OR_RETURN(mpi_transport, MpiTransport::Create());
+    // Bounded by --peer-timeout: a rank stopped or dead during the start ends the job.
+    ASSIGN_OR_RETURN(MpiJob job, StartMpiJob(config.peer_timeout));
+    mpi = std::move(job.session);
+    mpi_transport = std::move(job.transport);
   }
   // SIGINT/SIGTERM/SIGUSR1 stop the job at an iteration boundary (after MPI's own handlers).
   InstallStopHandlers();

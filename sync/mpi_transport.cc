@@ -8,9 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "core/checks.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "sync/setup_watchdog.h"
 
 namespace bagpipe {
 
@@ -45,10 +48,65 @@ struct MpiTransport::PendingSend {
   MPI_Request request = MPI_REQUEST_NULL;
 };
 
-absl::StatusOr<std::unique_ptr<MpiTransport>> MpiTransport::Create() {
+namespace {
+
+// Rank 0's half of the roll call: waits at most `limit` for every other rank's message, then
+// aborts the job naming the ranks that did not send it.
+void AwaitRollCall(int size, absl::Duration limit) {
+  std::vector<MPI_Request> requests(size, MPI_REQUEST_NULL);
+  std::vector<char> bytes(size, 0);
+  for (int r = 1; r < size; ++r) {
+    MPI_Irecv(&bytes[r], 1, MPI_BYTE, r, kTagRollCall, MPI_COMM_WORLD, &requests[r]);
+  }
+  const absl::Time deadline = absl::Now() + limit;
+  while (true) {
+    int all = 0;
+    MPI_Testall(size, requests.data(), &all, MPI_STATUSES_IGNORE);
+    if (all) return;
+    if (absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  std::vector<int> missing;
+  for (int r = 1; r < size; ++r) {
+    int done = 0;
+    MPI_Test(&requests[r], &done, MPI_STATUS_IGNORE);
+    if (!done) missing.push_back(r);
+  }
+  BAGPIPE_LOG(ERROR) << absl::StrFormat(
+      "rank 0 aborts the job: %s %s of %d did not reach the transport's set-up within %s of "
+      "MPI_Init (half the peer timeout): %s stopped, hung or died",
+      missing.size() == 1 ? "rank" : "ranks", absl::StrJoin(missing, ", "), size,
+      absl::FormatDuration(limit), missing.size() == 1 ? "its process is" : "their processes are");
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MpiTransport>> MpiTransport::Create(absl::Duration peer_timeout,
+                                                                   SetupWatchdog* watchdog) {
   int rank = 0, size = 0;
   MPI_RETURN_IF_ERROR(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   MPI_RETURN_IF_ERROR(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  const bool bounded =
+      peer_timeout != absl::InfiniteDuration() && peer_timeout > absl::ZeroDuration();
+  // The roll call: point to point, so that rank 0 can tell which ranks did not come (a blocking
+  // collective would only wait).
+  char present = 1;
+  MPI_Request reported = MPI_REQUEST_NULL;
+  if (bounded) {
+    if (watchdog != nullptr) watchdog->Enter("the roll call (every rank reports to rank 0)");
+    if (rank == 0) {
+      AwaitRollCall(size, peer_timeout / 2);
+    } else {
+      MPI_RETURN_IF_ERROR(
+          MPI_Isend(&present, 1, MPI_BYTE, 0, kTagRollCall, MPI_COMM_WORLD, &reported));
+    }
+    if (watchdog != nullptr) {
+      watchdog->Enter(
+          "the transport's set-up collectives (MPI_Comm_split_type, MPI_Allreduce, "
+          "MPI_Allgather)");
+    }
+  }
   // Which ranks share a machine (collective over every rank, before any message flows): the
   // trainers of one machine pick their GPUs by their index among themselves.
   MPI_Comm node = MPI_COMM_NULL;
@@ -61,15 +119,27 @@ absl::StatusOr<std::unique_ptr<MpiTransport>> MpiTransport::Create() {
   std::vector<int> node_of_rank(size);
   MPI_RETURN_IF_ERROR(
       MPI_Allgather(&leader, 1, MPI_INT, node_of_rank.data(), 1, MPI_INT, MPI_COMM_WORLD));
-  return std::unique_ptr<MpiTransport>(new MpiTransport(rank, size, std::move(node_of_rank)));
+  // Rank 0 received it before the collectives began.
+  MPI_RETURN_IF_ERROR(MPI_Wait(&reported, MPI_STATUS_IGNORE));
+  return std::unique_ptr<MpiTransport>(new MpiTransport(
+      rank, size, std::move(node_of_rank), bounded ? peer_timeout : absl::InfiniteDuration()));
 }
 
-MpiTransport::MpiTransport(int rank, int size, std::vector<int> node_of_rank)
+MpiTransport::MpiTransport(int rank, int size, std::vector<int> node_of_rank,
+                           absl::Duration peer_timeout)
     : rank_(rank),
       size_(size),
       node_of_rank_(std::move(node_of_rank)),
       mailbox_(rank),
       last_heard_(size, absl::InfinitePast()) {
+  if (peer_timeout != absl::InfiniteDuration()) {
+    // Every rank starts its heartbeats now (the collectives above ended together on every rank),
+    // so rank 0 expects each from now on instead of waiting to hear from it first.
+    absl::MutexLock lock(&liveness_mu_);
+    silence_limit_ = peer_timeout / 2;
+    const absl::Time now = absl::Now();
+    for (int r = 1; r < size_; ++r) last_heard_[r] = now;
+  }
   progress_ = std::thread([this] { ProgressLoop(); });
 }
 
@@ -280,6 +350,22 @@ void MpiTransport::ProgressLoop() {
   // Every rank's sends completed before it entered the barrier: what is still being received
   // here has arrived. Nobody reads it any more.
   for (auto& pending : receiving) MPI_Wait(&pending->request, MPI_STATUS_IGNORE);
+}
+
+absl::StatusOr<MpiJob> StartMpiJob(absl::Duration peer_timeout) {
+  SetupWatchdog watchdog(peer_timeout, RankFromEnvironment());
+  StopInSetupForTesting("init");
+  watchdog.Enter("MPI_Init (which waits for every rank of the job to start)");
+  MpiJob job;
+  int argc = 0;
+  char** argv = nullptr;
+  ASSIGN_OR_RETURN(job.session, MpiSession::Init(&argc, &argv));
+  StopInSetupForTesting("transport");
+  ASSIGN_OR_RETURN(job.transport, MpiTransport::Create(peer_timeout, &watchdog));
+  // From here rank 0 watches every rank's heartbeats.
+  watchdog.Disarm();
+  StopInSetupForTesting("started");
+  return job;
 }
 
 }  // namespace bagpipe

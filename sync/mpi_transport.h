@@ -38,10 +38,21 @@ class MpiSession {
   int size_;
 };
 
+class SetupWatchdog;
+
 class MpiTransport final : public Transport {
  public:
-  // REQUIRES: an MpiSession is alive for the transport's whole life.
-  static absl::StatusOr<std::unique_ptr<MpiTransport>> Create();
+  // Collective over every rank. REQUIRES: an MpiSession is alive for the transport's whole life.
+  //
+  // With a finite `peer_timeout`, the set-up is bounded and the peers are watched from the start:
+  // rank 0 first waits at most peer_timeout / 2 for every rank to report (a roll call, before
+  // any collective) and otherwise aborts the job (MPI_Abort) naming the ranks that did not;
+  // `watchdog` (may be null) is told each set-up phase; and once up, rank 0 watches every rank's
+  // heartbeats at once (as WatchLiveness does, but without waiting to hear from each first), so
+  // a rank stopped later in the job's start is named too. Every rank must pass the same
+  // timeout. With an infinite one (the default), nothing is watched until WatchLiveness.
+  static absl::StatusOr<std::unique_ptr<MpiTransport>> Create(
+      absl::Duration peer_timeout = absl::InfiniteDuration(), SetupWatchdog* watchdog = nullptr);
   // Completes outstanding sends (receiving meanwhile), waits until every rank of the job has
   // completed its own (a barrier: every rank destroys its transport, as every rank calls
   // MPI_Finalize), then stops the progress thread. REQUIRES: no Send is running or follows; no
@@ -62,7 +73,7 @@ class MpiTransport final : public Transport {
 
  private:
   struct PendingSend;
-  MpiTransport(int rank, int size, std::vector<int> node_of_rank);
+  MpiTransport(int rank, int size, std::vector<int> node_of_rank, absl::Duration peer_timeout);
   void ProgressLoop();
   // Progress thread: sends this rank's heartbeat when due; at rank 0 notes `source` alive
   // (a heartbeat or any message) and aborts the job when a watched rank went silent.
@@ -94,6 +105,18 @@ class MpiTransport final : public Transport {
   mutable absl::Mutex abort_mu_;
   absl::Status aborted_ ABSL_GUARDED_BY(abort_mu_);
 };
+
+// An mpirun job's MPI session and transport (the transport is destroyed first).
+struct MpiJob {
+  std::unique_ptr<MpiSession> session;
+  std::unique_ptr<MpiTransport> transport;
+};
+
+// MPI_Init and MpiTransport::Create(peer_timeout), each phase bounded by a SetupWatchdog of
+// `peer_timeout`: a rank stopped, hung or dead during the job's start ends the job with an error
+// naming the phase (and, from the roll call on, the missing ranks) instead of hanging it. The
+// watchdog is disarmed once the transport's heartbeats watch the peers.
+absl::StatusOr<MpiJob> StartMpiJob(absl::Duration peer_timeout);
 
 }  // namespace bagpipe
 

@@ -54,6 +54,7 @@ enum Tag : int {
   kTagStopRequest = 13,  // any rank -> oracle: a stop signal arrived here (stop at a boundary)
   kTagHeartbeat = 14,    // any rank -> rank 0: alive (transport-level, Transport::WatchLiveness)
   kTagOptions = 15,      // any rank <-> rank 0: the options that must agree, and the verdict
+  kTagRollCall = 16,     // any rank -> rank 0: arrived at the transport's set-up (MpiTransport)
   kTagTest = 100,        // reserved for tests
 };
 

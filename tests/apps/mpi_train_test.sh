@@ -4,7 +4,8 @@
 #    bit-identical (--deterministic) to the single-process --cache off run of the same
 #    configuration (same global batches split into the same T shards);
 #  - a trainer killed mid-run, and a trainer or a server that hangs, end the job with a clear
-#    error naming the silent rank within the peer timeout instead of hanging.
+#    error naming the silent rank within the peer timeout instead of hanging; so does a rank
+#    stopped during the job's set-up (in MPI_Init, before the transport, once it is up).
 # Usage: mpi_train_test.sh BAGPIPE_BINARY MPIEXEC
 set -u
 BAGPIPE=$1
@@ -85,6 +86,29 @@ for expected in "--lr is 0.05 on rank 0 but 0.1 on ranks 2, 3" \
 done
 [[ $rc -ne 0 ]] && echo "ok   mismatched options refused: $(grep -m1 -o 'different options.*' "$WORK/mismatch.log" | cut -c1-150)"
 
+# setup_fault KEY PATTERN: rank 3 stops itself (SIGSTOP, the test hook BAGPIPE_TEST_STOP_IN_SETUP)
+# at set-up point KEY, before any heartbeat could name it; the job must end within a bounded
+# time with a non-zero exit and an error matching PATTERN (the phase, or the stopped rank).
+setup_fault() {
+  local key=$1 pattern=$2
+  local log="$WORK/setup_$key.log" start=$SECONDS
+  BAGPIPE_TEST_STOP_IN_SETUP="$key:3" timeout -k 5 60 "$MPIEXEC" -np 4 --oversubscribe \
+    "$BAGPIPE" train --data "$SYN" --batch-size 200 --iterations 20 --cache oracle \
+    --cache-rows 2500 --dim 8 --servers 1 --quiet --peer-timeout 6 >"$log" 2>&1
+  local rc=$?
+  if [[ $rc -eq 0 || $rc -ge 124 ]] || ! grep -Eq -- "$pattern" "$log"; then
+    echo "FAIL rank 3 stopped at set-up point '$key': exit $rc after $((SECONDS - start)) s," \
+      "expected a non-zero exit and an error matching '$pattern'"
+    tail -8 "$log"; failures=$((failures + 1))
+  else
+    echo "ok   rank 3 stopped at set-up point '$key': exit $rc in $((SECONDS - start)) s:" \
+      "$(grep -Eo -- "$pattern.{0,60}" "$log" | head -1)"
+  fi
+}
+setup_fault init "rank [0-2] of 4 waited .* in the job's set-up, MPI_Init"
+setup_fault transport "rank 3 of 4 did not reach the transport's set-up"
+setup_fault started "rank 3( \(trainer 1\))? has sent nothing, not even its heartbeat"
+
 # fault KIND SIGNAL VICTIM: start a long job (rank 0 oracle, rank 1 server, ranks 2-3 trainers),
 # send SIGNAL to one rank after training began — VICTIM "last" (rank 3: trainer 1) or "server"
 # (rank 1: server 0), found by OMPI_COMM_WORLD_RANK — and require the job to end
@@ -104,8 +128,7 @@ fault() {
     sleep 0.1
   done
   # Training began when the first metrics line is written (a fixed delay is not enough on a
-  # loaded machine: a rank stopped inside MPI_Init or the transport's set-up collectives hangs
-  # the job before any peer timeout applies).
+  # loaded machine; a rank stopped during the set-up is setup_fault's case above).
   for _ in $(seq 1 600); do
     [[ -s "$log.metrics" ]] && break
     kill -0 "$launcher" 2>/dev/null || break
