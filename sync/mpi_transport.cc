@@ -329,7 +329,9 @@ void MpiTransport::ProgressLoop() {
         progressed = true;
       }
     }
-    if (!draining) Heartbeat(absl::Now());
+    // Rank 0 goes on watching while it drains: a rank that is stopped (not one that said
+    // goodbye) would otherwise hold the shutdown barrier below, and the job, forever.
+    if (!draining || rank_ == 0) Heartbeat(absl::Now());
     bool all_sent = false;
     progressed |= CompleteSends(&all_sent);
     if (draining && all_sent) {

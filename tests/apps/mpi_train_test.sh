@@ -89,25 +89,29 @@ done
 # setup_fault KEY PATTERN: rank 3 stops itself (SIGSTOP, the test hook BAGPIPE_TEST_STOP_IN_SETUP)
 # at set-up point KEY, before any heartbeat could name it; the job must end within a bounded
 # time with a non-zero exit and an error matching PATTERN (the phase, or the stopped rank).
+# DATA (default: the synthetic data) may be one the other ranks refuse: they then end, waiting in
+# the transport's shutdown barrier for the stopped rank.
 setup_fault() {
-  local key=$1 pattern=$2
-  local log="$WORK/setup_$key.log" start=$SECONDS
+  local key=$1 pattern=$2 data=${3:-$SYN}
+  local what="rank 3 stopped at set-up point '$key'${3:+ (data refused by the others)}"
+  local log="$WORK/setup_$key${3:+_bad}.log" start=$SECONDS
   BAGPIPE_TEST_STOP_IN_SETUP="$key:3" timeout -k 5 60 "$MPIEXEC" -np 4 --oversubscribe \
-    "$BAGPIPE" train --data "$SYN" --batch-size 200 --iterations 20 --cache oracle \
+    "$BAGPIPE" train --data "$data" --batch-size 200 --iterations 20 --cache oracle \
     --cache-rows 2500 --dim 8 --servers 1 --quiet --peer-timeout 6 >"$log" 2>&1
   local rc=$?
   if [[ $rc -eq 0 || $rc -ge 124 ]] || ! grep -Eq -- "$pattern" "$log"; then
-    echo "FAIL rank 3 stopped at set-up point '$key': exit $rc after $((SECONDS - start)) s," \
+    echo "FAIL $what: exit $rc after $((SECONDS - start)) s," \
       "expected a non-zero exit and an error matching '$pattern'"
     tail -8 "$log"; failures=$((failures + 1))
   else
-    echo "ok   rank 3 stopped at set-up point '$key': exit $rc in $((SECONDS - start)) s:" \
+    echo "ok   $what: exit $rc in $((SECONDS - start)) s:" \
       "$(grep -Eo -- "$pattern.{0,60}" "$log" | head -1)"
   fi
 }
 setup_fault init "rank [0-2] of 4 waited .* in the job's set-up, MPI_Init"
 setup_fault transport "rank 3 of 4 did not reach the transport's set-up"
 setup_fault started "rank 3( \(trainer 1\))? has sent nothing, not even its heartbeat"
+setup_fault started "rank 3 has sent nothing, not even its heartbeat" "csv:$WORK/missing.csv"
 
 # fault KIND SIGNAL VICTIM: start a long job (rank 0 oracle, rank 1 server, ranks 2-3 trainers),
 # send SIGNAL to one rank after training began — VICTIM "last" (rank 3: trainer 1) or "server"
