@@ -4,6 +4,7 @@
 # Usage: scripts/setup.sh [--with-plots] [--with-sanitizers]
 #   --with-plots      also installs python3-matplotlib for scripts/plot_*.py
 #   --with-sanitizers also installs dpkg-dev (scripts/sanitize.sh unpacks Abseil's source package)
+#                     and lld (it links the sanitizer builds)
 # Environment:
 #   BAGPIPE_NO_APT=1  install nothing, for machines where you manage packages yourself: print the
 #                     Debian packages that are missing (if dpkg exists) and exit 0, so that the
@@ -25,7 +26,7 @@ command -v python3 >/dev/null 2>&1 || packages+=(python3)
 for arg in "$@"; do
   case "$arg" in
     --with-plots) packages+=(python3-matplotlib) ;;
-    --with-sanitizers) packages+=(dpkg-dev) ;;
+    --with-sanitizers) packages+=(dpkg-dev lld) ;;
     *) echo "setup.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
