@@ -112,11 +112,12 @@ if [ "$mode" = asan ]; then
     -LE python || failed=1
   # The Python package's suites: the interpreter is not instrumented, so the runtime is
   # preloaded for the instrumented extension module to load; CPython and PyTorch keep memory
-  # until exit by design, so leaks are not checked in these processes (the ranks that
-  # test_mpi.py starts under mpirun still check theirs).
+  # until exit by design, so leaks are not checked in these processes, nor in the Python ranks
+  # that test_mpi.py starts under mpirun.
   if ctest --test-dir "$build_dir" -N -L python | grep -q 'Total Tests: [1-9]'; then
     LD_PRELOAD="$(${CXX:-c++} -print-file-name=libasan.so)" \
       ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0" \
+      OMPI_MCA_mca_base_env_list="ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0" \
       ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900 -L python || failed=1
   fi
   exit $failed
