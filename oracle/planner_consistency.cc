@@ -90,6 +90,10 @@ void Planner::Impl::Merge(int table, Iteration i) {
     const uint32_t* const globals = seg.globals.data();
     const uint64_t bit = Bit(static_cast<int>(t));
     for (int32_t p = 0; p < n; ++p) {
+      // The dedup buckets are random accesses: most of Merge's time waited on them.
+      if (p + static_cast<int32_t>(kAhead) < n) {
+        dedup.Prefetch(static_cast<int64_t>(rows[p + static_cast<int32_t>(kAhead)] - base));
+      }
       const int64_t id = static_cast<int64_t>(rows[p] - base);
       bool inserted;
       const int32_t q = dedup.Insert(id, &inserted);
@@ -182,6 +186,7 @@ void Planner::Impl::Consistency(int table, Iteration i) {
     const int32_t* const misses = seg.misses.data();
     const size_t count = seg.misses.size();
     for (size_t j = 0; j < count; ++j) {
+      if (j + 2 * kAhead < count) __builtin_prefetch(&handles[qpos[misses[j + 2 * kAhead]]]);
       if (j + kAhead < count) {
         const uint32_t ahead = handles[qpos[misses[j + kAhead]]];
         __builtin_prefetch(&gt.rows[ahead], 1);
@@ -284,10 +289,16 @@ void Planner::Impl::Consistency(int table, Iteration i) {
   if (dense) {
     for (size_t w = first_word; w <= last_word && w < bits.size(); ++w) {
       for (uint64_t word = bits[w]; word != 0; word &= word - 1) {
-        const int64_t id = static_cast<int64_t>(w * 64) + std::countr_zero(word);
-        sync.shared_sorted.emplace_back(id, sync.dedup.Find(id));
+        sync.shared_sorted.emplace_back(static_cast<int64_t>(w * 64) + std::countr_zero(word), 0);
       }
       bits[w] = 0;
+    }
+    // Each row's q from the dedup, its bucket prefetched ahead (random accesses).
+    const size_t shared = sync.shared_sorted.size();
+    std::pair<int64_t, int32_t>* const sorted = sync.shared_sorted.data();
+    for (size_t s = 0; s < shared; ++s) {
+      if (s + kAhead < shared) sync.dedup.Prefetch(sorted[s + kAhead].first);
+      sorted[s].second = sync.dedup.Find(sorted[s].first);
     }
   } else {
     // Row ids are distinct: sorting the pairs orders them by id.
@@ -330,7 +341,16 @@ void Planner::Impl::WriteSync(int table, Iteration i) {
   const std::pair<int64_t, int32_t>* const sorted = sync.shared_sorted.data();
   const size_t count = sync.shared_sorted.size();
   int32_t at[oracle_internal::kMaxTrainers];  // each holder's index of the row in its list
+  // Rows in id order visit their merged records (indexed by q) at random: those are
+  // prefetched two distances ahead, the holders' slots (found through them) one.
   for (size_t s = 0; s < count; ++s) {
+    if (s + 2 * kAhead < count) {
+      const size_t q = static_cast<size_t>(sorted[s + 2 * kAhead].second);
+      __builtin_prefetch(&handles[q]);
+      __builtin_prefetch(&touch[q]);
+      __builtin_prefetch(&holders[q]);
+      __builtin_prefetch(&pos[q * trainers]);
+    }
     if (s + kAhead < count) {
       __builtin_prefetch(&gt.holder_slots[handles[sorted[s + kAhead].second] * trainers]);
     }

@@ -337,6 +337,9 @@ class BatchDedup {
 
   int32_t size() const { return size_; }
 
+  // Starts loading the home bucket of `key` (a hint for a later Insert or Find).
+  void Prefetch(int64_t key) const { __builtin_prefetch(&slots_[HomeBucket(key, shift_)]); }
+
  private:
   struct Slot {
     int64_t key;
