@@ -380,6 +380,9 @@ struct TableSync {
   // Scratch to order them: a bitmap over the table's rows (direct index; all zero between
   // iterations).
   std::vector<uint64_t> shared_bits;
+  // Scratch of the radix sort of the shared rows of tables indexed by hashing.
+  std::vector<std::pair<int64_t, int32_t>> sort_scratch;
+  std::vector<uint32_t> sort_counts;
   // Sizes of the sync lists (Consistency): per holder h, its shared rows here; per (h, peer) at
   // [h * trainers + peer], the rows h sends to the peer (= the rows the peer receives from h).
   MaskPairCounts pair_counts;
