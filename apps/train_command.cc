@@ -40,19 +40,9 @@ void SetCheckpointIdentity(const TrainFlags& flags, const DlrmLoopOptions& loop,
   }
 }
 
-absl::Status RunTrain(TrainFlags flags) {
-  RETURN_IF_ERROR(FinishTrainFlags(&flags));
+// One rank's part (`mpi` and `mpi_transport` null: the embedded job).
+absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport* mpi_transport) {
   const JobConfig& config = flags.config;
-
-  // Distributed or embedded.
-  std::unique_ptr<MpiSession> mpi;
-  std::unique_ptr<MpiTransport> mpi_transport;
-  if (LaunchedByMpirun()) {
-    // Bounded by --peer-timeout: a rank stopped or dead during the start ends the job.
-    ASSIGN_OR_RETURN(MpiJob job, StartMpiJob(config.peer_timeout));
-    mpi = std::move(job.session);
-    mpi_transport = std::move(job.transport);
-  }
   // SIGINT/SIGTERM/SIGUSR1 stop the job at an iteration boundary (after MPI's own handlers).
   InstallStopHandlers();
   const bool is_rank0 = mpi == nullptr || mpi->rank() == 0;
@@ -153,6 +143,20 @@ absl::Status RunTrain(TrainFlags flags) {
   }
   std::printf("  parameters sha256 %s\n", summary["params_sha256"].get<std::string>().c_str());
   return absl::OkStatus();
+}
+
+absl::Status RunTrain(TrainFlags flags) {
+  RETURN_IF_ERROR(FinishTrainFlags(&flags));
+  // Distributed or embedded.
+  MpiJob job;
+  if (LaunchedByMpirun()) {
+    // Bounded by --peer-timeout: a rank stopped or dead during the start ends the job.
+    ASSIGN_OR_RETURN(job, StartMpiJob(flags.config.peer_timeout));
+  }
+  const absl::Status status = RunTrainRank(flags, job.session.get(), job.transport.get());
+  // A rank that fails alone tells the ranks waiting for it why, in its goodbye.
+  if (job.transport != nullptr) job.transport->set_exit_status(status);
+  return status;
 }
 
 }  // namespace

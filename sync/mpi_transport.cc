@@ -134,11 +134,17 @@ MpiTransport::MpiTransport(int rank, int size, std::vector<int> node_of_rank,
       last_heard_(size, absl::InfinitePast()) {
   if (peer_timeout != absl::InfiniteDuration()) {
     // Every rank starts its heartbeats now (the collectives above ended together on every rank),
-    // so rank 0 expects each from now on instead of waiting to hear from it first.
+    // so rank 0 expects each from now on, and each rank expects rank 0's, instead of waiting to
+    // hear from it first.
     absl::MutexLock lock(&liveness_mu_);
     silence_limit_ = peer_timeout / 2;
     const absl::Time now = absl::Now();
-    for (int r = 1; r < size_; ++r) last_heard_[r] = now;
+    for (int r = 0; r < size_; ++r) {
+      if (Watches(r)) last_heard_[r] = now;
+    }
+    // As if the progress thread ran now: a process stopped before it first runs must not blame
+    // its peers for the time it was stopped.
+    last_run_ = now;
   }
   progress_ = std::thread([this] { ProgressLoop(); });
 }
@@ -154,8 +160,22 @@ MpiTransport::~MpiTransport() {
     absl::MutexLock lock(&liveness_mu_);
     watched = silence_limit_ != absl::InfiniteDuration();
   }
-  // Rank 0 stops watching this rank: it is done, not silent.
-  if (watched && rank_ != 0) (void)Send(0, kTagHeartbeat, Bytes{1});
+  // The ranks watching this one stop: it is done, not silent. The goodbye carries why this rank
+  // ends when it ends with an error (set_exit_status), so that a peer waiting for one of its
+  // messages fails at once naming it.
+  if (watched) {
+    Bytes goodbye{1};
+    {
+      absl::MutexLock lock(&liveness_mu_);
+      if (!exit_status_.ok()) {
+        const std::string why = exit_status_.ToString();
+        goodbye.insert(goodbye.end(), why.begin(), why.begin() + std::min<size_t>(why.size(), 500));
+      }
+    }
+    for (int r = 0; r < size_; ++r) {
+      if (Watches(r)) (void)Send(r, kTagHeartbeat, goodbye);
+    }
+  }
   draining_.store(true, std::memory_order_release);
   progress_.join();
 }
@@ -168,26 +188,49 @@ void MpiTransport::WatchLiveness(absl::Duration peer_timeout,
   describe_ = std::move(describe);
 }
 
-void MpiTransport::Heartbeat(absl::Time now) {
+void MpiTransport::set_exit_status(const absl::Status& status) {
+  absl::MutexLock lock(&liveness_mu_);
+  exit_status_ = status;
+}
+
+bool MpiTransport::Watches(int rank) const { return rank != rank_ && (rank_ == 0 || rank == 0); }
+
+void MpiTransport::Heartbeat(absl::Time now, bool draining) {
   absl::Duration limit;
   {
     absl::MutexLock lock(&liveness_mu_);
     limit = silence_limit_;
   }
-  if (limit == absl::InfiniteDuration() || now < next_heartbeat_) return;
+  if (limit == absl::InfiniteDuration()) return;
+  // This thread runs many times a second: a long gap means this process itself did not run
+  // (it was stopped and continued, e.g. by mpirun ending the job). Its peers' silence over the
+  // gap is not theirs: hear them anew instead of blaming one.
+  if (last_run_ != absl::InfinitePast() && now - last_run_ > limit / 2) {
+    for (absl::Time& last : last_heard_) {
+      if (last != absl::InfinitePast() && last != absl::InfiniteFuture()) last = now;
+    }
+  }
+  last_run_ = now;
+  if (now < next_heartbeat_) return;
   // Several heartbeats per silence limit, at most a second apart.
   next_heartbeat_ = now + std::min(limit / 5, absl::Seconds(1));
-  if (rank_ == 0) {
-    CheckLiveness(now);
-  } else {
-    (void)Send(0, kTagHeartbeat, Bytes{0});
+  CheckLiveness(now);
+  // Once draining, this rank said goodbye: it sends nothing more.
+  if (draining) return;
+  for (int r = 0; r < size_; ++r) {
+    if (Watches(r)) (void)Send(r, kTagHeartbeat, Bytes{0});
   }
 }
 
-void MpiTransport::NoteAlive(int source, bool goodbye, absl::Time now) {
-  if (rank_ != 0 || source < 0 || source >= size_) return;
-  if (goodbye) {
+void MpiTransport::NoteAlive(int source, const Bytes* goodbye, absl::Time now) {
+  if (source < 0 || source >= size_ || !Watches(source)) return;
+  if (goodbye != nullptr) {
     last_heard_[source] = absl::InfiniteFuture();  // never watched again
+    // It sends nothing more (its earlier messages were delivered before this one): a receive
+    // waiting for it fails now instead of at its timeout.
+    const std::string why(goodbye->begin() + 1, goodbye->end());
+    mailbox_.MarkGone(source, why.empty() ? std::string("it ended (its own log says why)")
+                                          : absl::StrCat("it ended with ", why));
   } else if (last_heard_[source] != absl::InfiniteFuture()) {
     last_heard_[source] = now;
   }
@@ -201,11 +244,13 @@ void MpiTransport::CheckLiveness(absl::Time now) {
     limit = silence_limit_;
     describe = describe_;
   }
-  for (int r = 1; r < size_; ++r) {
+  for (int r = 0; r < size_; ++r) {
+    if (!Watches(r)) continue;
     const absl::Time last = last_heard_[r];
     if (last == absl::InfinitePast() || last == absl::InfiniteFuture()) continue;
     if (now - last <= limit) continue;
-    const std::string who = describe ? describe(r) : absl::StrCat("rank ", r);
+    std::string who = describe ? describe(r) : absl::StrCat("rank ", r);
+    if (r == 0 && !describe) who = "rank 0 (oracle)";
     Abort(absl::DeadlineExceededError(absl::StrFormat(
         "%s has sent nothing, not even its heartbeat, for %s (half the peer timeout): its "
         "process is stopped or hung",
@@ -301,7 +346,7 @@ void MpiTransport::ProgressLoop() {
       pending->message.tag = status.MPI_TAG;
       pending->message.payload.resize(count);
       // A message matched: its sender is alive (even while the rest of a large one is coming).
-      NoteAlive(status.MPI_SOURCE, /*goodbye=*/false, absl::Now());
+      NoteAlive(status.MPI_SOURCE, /*goodbye=*/nullptr, absl::Now());
       MPI_Imrecv(pending->message.payload.data(), count, MPI_BYTE, &handle, &pending->request);
       receiving.push_back(std::move(pending));
       progressed = true;
@@ -322,16 +367,17 @@ void MpiTransport::ProgressLoop() {
         it = receiving.erase(it);
         const bool heartbeat = message.tag == kTagHeartbeat;
         if (heartbeat) {
-          NoteAlive(message.source, message.payload == Bytes{1}, absl::Now());
+          const bool goodbye = !message.payload.empty() && message.payload[0] == 1;
+          NoteAlive(message.source, goodbye ? &message.payload : nullptr, absl::Now());
         } else {
           mailbox_.Deliver(std::move(message));
         }
         progressed = true;
       }
     }
-    // Rank 0 goes on watching while it drains: a rank that is stopped (not one that said
+    // Every rank goes on watching while it drains: a rank that is stopped (not one that said
     // goodbye) would otherwise hold the shutdown barrier below, and the job, forever.
-    if (!draining || rank_ == 0) Heartbeat(absl::Now());
+    Heartbeat(absl::Now(), draining);
     bool all_sent = false;
     progressed |= CompleteSends(&all_sent);
     if (draining && all_sent) {

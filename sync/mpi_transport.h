@@ -47,10 +47,16 @@ class MpiTransport final : public Transport {
   // With a finite `peer_timeout`, the set-up is bounded and the peers are watched from the start:
   // rank 0 first waits at most peer_timeout / 2 for every rank to report (a roll call, before
   // any collective) and otherwise aborts the job (MPI_Abort) naming the ranks that did not;
-  // `watchdog` (may be null) is told each set-up phase; and once up, rank 0 watches every rank's
-  // heartbeats at once (as WatchLiveness does, but without waiting to hear from each first), so
-  // a rank stopped later in the job's start is named too. Every rank must pass the same
-  // timeout. With an infinite one (the default), nothing is watched until WatchLiveness.
+  // `watchdog` (may be null) is told each set-up phase; and once up, the heartbeats are watched
+  // at once (as WatchLiveness does, but without waiting to hear from each first), so a rank
+  // stopped later in the job's start is named too. Every rank must pass the same timeout. With
+  // an infinite one (the default), nothing is watched until WatchLiveness.
+  //
+  // Liveness runs both ways: rank 0 watches every rank's heartbeats and every rank watches
+  // rank 0's, so a stopped rank 0 is named (by the first rank to notice) as well. A rank whose
+  // transport is destroyed says goodbye to the ranks watching it: they stop watching it, and a
+  // Receive from it that finds no message fails at once, naming it and, if set_exit_status was
+  // called, its error (a rank that fails alone cannot keep its peers waiting for its messages).
   static absl::StatusOr<std::unique_ptr<MpiTransport>> Create(
       absl::Duration peer_timeout = absl::InfiniteDuration(), SetupWatchdog* watchdog = nullptr);
   // Completes outstanding sends (receiving meanwhile), waits until every rank of the job has
@@ -58,6 +64,11 @@ class MpiTransport final : public Transport {
   // MPI_Finalize), then stops the progress thread. REQUIRES: no Send is running or follows; no
   // other MPI collective on MPI_COMM_WORLD runs concurrently in this process.
   ~MpiTransport() override;
+
+  // Why this rank ends, if with an error: sent in its goodbye (at most 500 bytes of it) to the
+  // ranks that watch it, which name it when they wait for one of its messages. Call before
+  // destroying the transport.
+  void set_exit_status(const absl::Status& status);
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -75,10 +86,14 @@ class MpiTransport final : public Transport {
   struct PendingSend;
   MpiTransport(int rank, int size, std::vector<int> node_of_rank, absl::Duration peer_timeout);
   void ProgressLoop();
-  // Progress thread: sends this rank's heartbeat when due; at rank 0 notes `source` alive
-  // (a heartbeat or any message) and aborts the job when a watched rank went silent.
-  void Heartbeat(absl::Time now);
-  void NoteAlive(int source, bool goodbye, absl::Time now);
+  // Whether this rank watches `rank`'s liveness (rank 0 watches every rank, the others rank 0);
+  // those are the ranks it sends its heartbeats and its goodbye to.
+  bool Watches(int rank) const;
+  // Progress thread: sends this rank's heartbeats when due (none once `draining`: it said
+  // goodbye), notes a watched `source` alive (a heartbeat or any message; `goodbye` the
+  // payload of its goodbye, null otherwise) and aborts the job when a watched rank went silent.
+  void Heartbeat(absl::Time now, bool draining);
+  void NoteAlive(int source, const Bytes* goodbye, absl::Time now);
   void CheckLiveness(absl::Time now);
   // Tests pending sends, freeing completed ones. Returns true if any completed; `*all_done`
   // says whether none is left.
@@ -98,10 +113,13 @@ class MpiTransport final : public Transport {
   absl::Mutex liveness_mu_;
   absl::Duration silence_limit_ ABSL_GUARDED_BY(liveness_mu_) = absl::InfiniteDuration();
   std::function<std::string(int)> describe_ ABSL_GUARDED_BY(liveness_mu_);
-  // Progress thread only: when this rank's next heartbeat is due; at rank 0, when each rank was
-  // last heard from (InfinitePast: not started, or said goodbye).
+  absl::Status exit_status_ ABSL_GUARDED_BY(liveness_mu_);
+  // Progress thread only: when this rank's next heartbeat is due; when each watched rank was
+  // last heard from (InfinitePast: not heard from yet; InfiniteFuture: said goodbye).
   absl::Time next_heartbeat_ = absl::InfinitePast();
   std::vector<absl::Time> last_heard_;
+  // Progress thread only: when it last ran Heartbeat (a long gap: this process was stopped).
+  absl::Time last_run_ = absl::InfinitePast();
   mutable absl::Mutex abort_mu_;
   absl::Status aborted_ ABSL_GUARDED_BY(abort_mu_);
 };

@@ -26,6 +26,12 @@ void Mailbox::Poison(const absl::Status& why) {
   cv_.SignalAll();
 }
 
+void Mailbox::MarkGone(int source, std::string why) {
+  absl::MutexLock lock(&mu_);
+  gone_.emplace(source, std::move(why));
+  cv_.SignalAll();
+}
+
 absl::StatusOr<Message> Mailbox::Receive(int source, int tag, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&mu_);
@@ -64,6 +70,15 @@ absl::StatusOr<Message> Mailbox::Receive(int source, int tag, absl::Duration tim
       Message message = std::move(best->front().message);
       best->pop_front();
       return message;
+    }
+    if (source != kAnySource && next_delivery == absl::InfiniteFuture()) {
+      if (auto gone = gone_.find(source); gone != gone_.end()) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "rank %d waits for a message (%s) from rank %d, which ended its part of the job "
+            "without sending it: %s",
+            rank_, tag == kAnyTag ? std::string("any tag") : absl::StrCat("tag ", tag), source,
+            gone->second));
+      }
     }
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrFormat(

@@ -52,7 +52,7 @@ enum Tag : int {
   kTagCheckpoint =
       12,  // oracle <-> trainers: job start / resume state, the loop's checkpoint state
   kTagStopRequest = 13,  // any rank -> oracle: a stop signal arrived here (stop at a boundary)
-  kTagHeartbeat = 14,    // any rank -> rank 0: alive (transport-level, Transport::WatchLiveness)
+  kTagHeartbeat = 14,    // any rank <-> rank 0: alive, or goodbye (transport-level, MpiTransport)
   kTagOptions = 15,      // any rank <-> rank 0: the options that must agree, and the verdict
   kTagRollCall = 16,     // any rank -> rank 0: arrived at the transport's set-up (MpiTransport)
   kTagTest = 100,        // reserved for tests
@@ -105,6 +105,10 @@ class Mailbox {
   void Deliver(Message message, absl::Time deliver_at = absl::InfinitePast());
   absl::StatusOr<Message> Receive(int source, int tag, absl::Duration timeout);
   void Poison(const absl::Status& why);
+  // `source` will send nothing more (it ended its part of the job; `why` says how, e.g. its
+  // error): a Receive naming `source` that finds no message from it fails at once, naming it
+  // and `why`, instead of waiting for its timeout. Messages delivered before stay receivable.
+  void MarkGone(int source, std::string why);
 
  private:
   struct Pending {
@@ -119,6 +123,8 @@ class Mailbox {
   // Keyed by (source, tag); FIFO per key.
   absl::flat_hash_map<std::pair<int, int>, std::deque<Pending>> queues_ ABSL_GUARDED_BY(mu_);
   absl::Status poisoned_ ABSL_GUARDED_BY(mu_);
+  // Sources that will send nothing more (MarkGone), with why.
+  absl::flat_hash_map<int, std::string> gone_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

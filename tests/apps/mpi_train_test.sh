@@ -5,7 +5,9 @@
 #    configuration (same global batches split into the same T shards);
 #  - a trainer killed mid-run, and a trainer or a server that hangs, end the job with a clear
 #    error naming the silent rank within the peer timeout instead of hanging; so does a rank
-#    stopped during the job's set-up (in MPI_Init, before the transport, once it is up).
+#    stopped during the job's set-up (in MPI_Init, before the transport, once it is up; rank 0
+#    too, named by the others); a rank failing alone before the start ends the job at once,
+#    naming it and its error.
 # Usage: mpi_train_test.sh BAGPIPE_BINARY MPIEXEC
 set -u
 BAGPIPE=$1
@@ -86,16 +88,16 @@ for expected in "--lr is 0.05 on rank 0 but 0.1 on ranks 2, 3" \
 done
 [[ $rc -ne 0 ]] && echo "ok   mismatched options refused: $(grep -m1 -o 'different options.*' "$WORK/mismatch.log" | cut -c1-150)"
 
-# setup_fault KEY PATTERN: rank 3 stops itself (SIGSTOP, the test hook BAGPIPE_TEST_STOP_IN_SETUP)
+# setup_fault KEY PATTERN: rank 3 (rank STOP_RANK when set) stops itself (SIGSTOP, the test hook BAGPIPE_TEST_STOP_IN_SETUP)
 # at set-up point KEY, before any heartbeat could name it; the job must end within a bounded
 # time with a non-zero exit and an error matching PATTERN (the phase, or the stopped rank).
 # DATA (default: the synthetic data) may be one the other ranks refuse: they then end, waiting in
 # the transport's shutdown barrier for the stopped rank.
 setup_fault() {
-  local key=$1 pattern=$2 data=${3:-$SYN}
-  local what="rank 3 stopped at set-up point '$key'${3:+ (data refused by the others)}"
-  local log="$WORK/setup_$key${3:+_bad}.log" start=$SECONDS
-  BAGPIPE_TEST_STOP_IN_SETUP="$key:3" timeout -k 5 60 "$MPIEXEC" -np 4 --oversubscribe \
+  local key=$1 pattern=$2 data=${3:-$SYN} victim=${STOP_RANK:-3}
+  local what="rank $victim stopped at set-up point '$key'${3:+ (data refused by the others)}"
+  local log="$WORK/setup_${key}_$victim${3:+_bad}.log" start=$SECONDS
+  BAGPIPE_TEST_STOP_IN_SETUP="$key:$victim" timeout -k 5 60 "$MPIEXEC" -np 4 --oversubscribe \
     "$BAGPIPE" train --data "$data" --batch-size 200 --iterations 20 --cache oracle \
     --cache-rows 2500 --dim 8 --servers 1 --quiet --peer-timeout 6 >"$log" 2>&1
   local rc=$?
@@ -112,10 +114,38 @@ setup_fault init "rank [0-2] of 4 waited .* in the job's set-up, MPI_Init"
 setup_fault transport "rank 3 of 4 did not reach the transport's set-up"
 setup_fault started "rank 3( \(trainer 1\))? has sent nothing, not even its heartbeat"
 setup_fault started "rank 3 has sent nothing, not even its heartbeat" "csv:$WORK/missing.csv"
+# Rank 0 stopped once the transport is up, while the others open the data and wait for the
+# options' verdict: they watch rank 0's heartbeats and name it (not each other).
+STOP_RANK=0 setup_fault started "rank [1-3] aborts the job: rank 0 \(oracle\) has sent nothing"
+if grep -Eq "has sent nothing" "$WORK/setup_started_0.log" &&
+    grep "has sent nothing" "$WORK/setup_started_0.log" | grep -vq "rank 0 (oracle) has sent"; then
+  echo "FAIL rank 0 stopped: a rank other than rank 0 is blamed"
+  grep "has sent nothing" "$WORK/setup_started_0.log"; failures=$((failures + 1))
+fi
+
+# One rank fails alone before the job starts (its data is missing on its machine only: an MPMD
+# launch gives rank 2 another --data). Rank 0 must not wait for its options until the agreement's
+# timeout (an hour; the peer timeout here is 2 minutes, the whole job gets 60 s): the failed
+# rank's goodbye ends the agreement at once, naming the rank and its error, and every rank exits.
+LONE=(--batch-size 200 --iterations 20 --cache oracle --cache-rows 2500 --dim 8 --servers 1
+      --quiet --peer-timeout 120)
+start=$SECONDS
+timeout -k 5 60 "$MPIEXEC" -np 2 --oversubscribe "$BAGPIPE" train --data "$SYN" "${LONE[@]}" \
+  : -np 1 --oversubscribe "$BAGPIPE" train --data "csv:$WORK/only_here/missing.csv" "${LONE[@]}" \
+  : -np 1 --oversubscribe "$BAGPIPE" train --data "$SYN" "${LONE[@]}" >"$WORK/lone.log" 2>&1
+rc=$?
+expected="rank 0 waits for a message (tag 15) from rank 2, which ended its part of the job without sending it: it ended with NOT_FOUND: csv: cannot open"
+if [[ $rc -eq 0 || $rc -ge 124 ]] || ! grep -qF -- "$expected" "$WORK/lone.log"; then
+  echo "FAIL one rank failing alone: exit $rc after $((SECONDS - start)) s, expected '$expected'"
+  tail -8 "$WORK/lone.log"; failures=$((failures + 1))
+else
+  echo "ok   one rank failing alone before the start: exit $rc in $((SECONDS - start)) s:" \
+    "$(grep -o 'rank 0 waits.*' "$WORK/lone.log" | head -1 | cut -c1-160)"
+fi
 
 # fault KIND SIGNAL VICTIM: start a long job (rank 0 oracle, rank 1 server, ranks 2-3 trainers),
-# send SIGNAL to one rank after training began — VICTIM "last" (rank 3: trainer 1) or "server"
-# (rank 1: server 0), found by OMPI_COMM_WORLD_RANK — and require the job to end
+# send SIGNAL to one rank after training began — VICTIM "last" (rank 3: trainer 1), "server"
+# (rank 1: server 0) or "oracle" (rank 0), found by OMPI_COMM_WORLD_RANK — and require the job to end
 # with a non-zero exit within the peer timeout (plus slack).
 fault() {
   local kind=$1 signal=$2 which=$3
@@ -141,6 +171,7 @@ fault() {
   sleep 0.5
   local victim="" want=3
   [[ $which == server ]] && want=1
+  [[ $which == oracle ]] && want=0
   for pid in $ranks; do
     if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$want"; then
       victim=$pid
@@ -174,9 +205,10 @@ fault() {
 }
 fault "trainer killed (SIGKILL)" KILL last
 # A stopped rank is a hung peer: the others must time out, name it, and abort the job.
-for kind in "trainer hung (SIGSTOP)" "server hung (SIGSTOP)"; do
+for kind in "trainer hung (SIGSTOP)" "server hung (SIGSTOP)" "oracle hung (SIGSTOP)"; do
   which=last
   [[ $kind == server* ]] && which=server
+  [[ $kind == oracle* ]] && which=oracle
   fault "$kind" STOP "$which"
   if ! grep -Eqi "no message|timed out|waited|hung|died" "$WORK/fault_$kind.log"; then
     echo "FAIL $kind: the error does not say that a peer hung or died"
@@ -193,6 +225,12 @@ fi
 if ! grep -Eq "server 0 \(rank 1\)|rank 1 \(server 0\)" "$WORK/fault_server hung (SIGSTOP).log"; then
   echo "FAIL server hung: no error names the silent server (rank 1)"
   tail -10 "$WORK/fault_server hung (SIGSTOP).log"
+  failures=$((failures + 1))
+fi
+# Rank 0 stopped during training: the other ranks watch its heartbeats and name it.
+if ! grep -q "rank 0 (oracle) has sent nothing" "$WORK/fault_oracle hung (SIGSTOP).log"; then
+  echo "FAIL oracle hung: no error names the stopped rank 0"
+  tail -10 "$WORK/fault_oracle hung (SIGSTOP).log"
   failures=$((failures + 1))
 fi
 

@@ -101,6 +101,36 @@ TEST(InProcessTransportTest, AbortWakesEveryWaiterWithTheReason) {
   EXPECT_FALSE(hub.endpoint(0).aborted().ok());
 }
 
+// A peer that ended (its MPI transport said goodbye) sends nothing more: a receive from it fails
+// at once, naming it and why, once what it sent before is received; other peers still wait.
+TEST(MailboxTest, AReceiveFromAGonePeerFailsAtOnceAfterItsLastMessages) {
+  Mailbox mailbox(0);
+  mailbox.Deliver({2, kTagOptions, Text("last")});
+  mailbox.MarkGone(2, "it ended with NOT_FOUND: no data");
+  auto last = mailbox.Receive(2, kTagOptions, absl::Hours(1));
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(Str(last->payload), "last");
+  const absl::Time start = absl::Now();
+  auto gone = mailbox.Receive(2, kTagOptions, absl::Hours(1));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  ASSERT_EQ(gone.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(gone.status().message(),
+              HasSubstr("rank 0 waits for a message (tag 15) from rank 2"));
+  EXPECT_THAT(gone.status().message(), HasSubstr("it ended with NOT_FOUND: no data"));
+  // A receive from another peer, or from any peer, still waits (here: times out).
+  EXPECT_EQ(mailbox.Receive(1, kTagOptions, absl::Milliseconds(20)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(mailbox.Receive(kAnySource, kTagOptions, absl::Milliseconds(20)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // A receive already waiting is woken.
+  absl::Status waiting;
+  std::thread waiter([&] { waiting = mailbox.Receive(3, kTagOptions, absl::Hours(1)).status(); });
+  absl::SleepFor(absl::Milliseconds(50));
+  mailbox.MarkGone(3, "it ended (its own log says why)");
+  waiter.join();
+  EXPECT_THAT(waiting.message(), HasSubstr("from rank 3, which ended its part of the job"));
+}
+
 TEST(InProcessTransportTest, SendToAnInvalidRankFails) {
   InProcessHub hub(2);
   EXPECT_FALSE(hub.endpoint(0).Send(5, kTagTest, {}).ok());
