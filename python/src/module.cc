@@ -25,20 +25,16 @@
 namespace bagpipe::python {
 namespace py = pybind11;
 
-absl::Status MpiState::Start() {
+absl::Status MpiState::Start(absl::Duration peer_timeout) {
   if (used) {
     return absl::FailedPreconditionError(
         "under mpirun a process runs one bagpipe job (its ranks' transport carries one job)");
   }
   if (session == nullptr) {
-    int argc = 0;
-    char** argv = nullptr;
-    absl::StatusOr<std::unique_ptr<MpiSession>> started = MpiSession::Init(&argc, &argv);
-    if (!started.ok()) return started.status();
-    session = std::move(*started);
-    absl::StatusOr<std::unique_ptr<MpiTransport>> transport_or = MpiTransport::Create();
-    if (!transport_or.ok()) return transport_or.status();
-    transport = std::move(*transport_or);
+    absl::StatusOr<MpiJob> job = StartMpiJob(peer_timeout);
+    if (!job.ok()) return job.status();
+    session = std::move(job->session);
+    transport = std::move(job->transport);
   }
   used = true;
   return absl::OkStatus();

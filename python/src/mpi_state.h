@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "sync/mpi_transport.h"
 
 namespace bagpipe::python {
@@ -16,8 +17,11 @@ struct MpiState {
   std::unique_ptr<MpiTransport> transport;
   bool used = false;
 
-  // Initialises MPI and the transport for this process's job. Fails on a second job.
-  absl::Status Start();
+  // Initialises MPI and the transport for this process's job (StartMpiJob: bounded by
+  // `peer_timeout`, which every rank must pass alike; a rank stopped, hung or dead during the
+  // start ends the job with an error naming the phase or the rank, and once up the heartbeats
+  // are watched). Fails on a second job.
+  absl::Status Start(absl::Duration peer_timeout);
   // Stops the transport and finalises MPI (after the job is closed).
   void Shutdown();
 };

@@ -76,7 +76,7 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
   MpiState& mpi = Mpi();
   core->mpirun_ = LaunchedByMpirun();
   if (core->mpirun_) {
-    if (absl::Status status = mpi.Start(); !status.ok()) {
+    if (absl::Status status = mpi.Start(config.peer_timeout); !status.ok()) {
       RaiseError("JobError", std::string(status.message()));
     }
     core->rank_ = mpi.transport->rank();

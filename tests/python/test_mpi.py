@@ -63,3 +63,26 @@ def test_a_failing_rank_ends_every_rank():
     result = mpirun(4, ["-c", FAILING], timeout=120)
     assert result.returncode != 0
     assert "failed on purpose" in result.stdout + result.stderr
+
+
+STOPPED_ORACLE = """
+import bagpipe
+config = bagpipe.Config(data="synthetic:samples=100000,tables=4,seed=1", batch_size=64,
+                        iterations=50, cache_rows=4000, dim=4, optimizer="sgd", peer_timeout=6)
+with bagpipe.Job(config) as job:
+    job.run_trainers(lambda trainer: None)
+"""
+
+
+def test_a_stopped_oracle_is_named_by_the_other_ranks():
+    # Rank 0 stops itself (SIGSTOP, a test hook) once the transport is up: the job's start is
+    # bounded by peer_timeout and the other ranks watch rank 0's heartbeats, so the job ends
+    # naming rank 0 instead of waiting for its options for an hour.
+    env = child_env()
+    env["BAGPIPE_TEST_STOP_IN_SETUP"] = "started:0"
+    result = subprocess.run([MPIEXEC, "-np", "4", "--oversubscribe", sys.executable, "-c",
+                             STOPPED_ORACLE], capture_output=True, text=True, env=env,
+                            timeout=120)
+    assert result.returncode != 0
+    assert "rank 0 (oracle) has sent nothing" in result.stdout + result.stderr, \
+        result.stdout + result.stderr
