@@ -97,14 +97,31 @@ class CpuCacheBackend final : public CacheBackend {
     });
   }
 
+  // The chunked order of cache/cache_math.h: a row with more than kReduceChunk occurrences is
+  // summed chunk by chunk into `partial`, and the partials are added in chunk order.
   static void RunReduce(const CacheStorage& st, const ReduceArgs& a) {
     const int dim = st.dim;
     ForRows(a.num_unique, dim, [&](int64_t u) {
       float* out = a.row_grads + u * dim;
       std::fill(out, out + dim, 0.0f);
-      for (int64_t e = a.row_begin[u]; e < a.row_begin[u + 1]; ++e) {
-        AccumulateRow(out, a.pooled_grad + static_cast<int64_t>(a.pooled_rows[e]) * dim,
-                      a.scales != nullptr ? a.scales[e] : 1.0f, dim);
+      const int64_t begin = a.row_begin[u];
+      const int64_t end = a.row_begin[u + 1];
+      auto sum_into = [&](float* into, int64_t from, int64_t to) {
+        for (int64_t e = from; e < to; ++e) {
+          AccumulateRow(into, a.pooled_grad + static_cast<int64_t>(a.pooled_rows[e]) * dim,
+                        a.scales != nullptr ? a.scales[e] : 1.0f, dim);
+        }
+      };
+      if (end - begin <= cache_math::kReduceChunk) {
+        sum_into(out, begin, end);
+        return;
+      }
+      thread_local std::vector<float> partial;
+      partial.resize(static_cast<size_t>(dim));
+      for (int64_t chunk = begin; chunk < end; chunk += cache_math::kReduceChunk) {
+        std::fill(partial.begin(), partial.end(), 0.0f);
+        sum_into(partial.data(), chunk, std::min(chunk + cache_math::kReduceChunk, end));
+        AccumulateRow(out, partial.data(), 1.0f, dim);
       }
     });
   }

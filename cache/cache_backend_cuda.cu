@@ -53,6 +53,7 @@ class CudaCacheBackend final : public CacheBackend {
     args.num_samples = 0;
     args.num_tables = 0;
     args.output = a.row_grads;
+    args.chunked = true;
     return cache_kernels::LaunchSegmentSum(args, sm_count_, StreamOf(stream));
   }
 

@@ -29,6 +29,9 @@ struct Storage {
 // Gather (kBags): segment b = bag t * num_samples + s, entries are slots into `source` rows,
 // output row s * num_tables + t. Reduce: segment u = unique row, entries are pooled rows,
 // output row u. `entry_scales` may be nullptr (all 1); `mean` multiplies by BagMultiplier.
+// `chunked` (the reduce) sums in cache_math's chunked reduce order: a segment of more than
+// kReduceChunk entries is summed by a whole block, its chunks in parallel; otherwise every
+// segment is the plain in-order sum.
 struct SegmentSumArgs {
   const float* source;
   int dim;
@@ -41,6 +44,7 @@ struct SegmentSumArgs {
   int num_samples;
   int num_tables;
   float* output;
+  bool chunked = false;
 };
 absl::Status LaunchSegmentSum(const SegmentSumArgs& args, int sm_count, cudaStream_t stream);
 

@@ -2,6 +2,7 @@
 // for the formulas they share with the CPU reference.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "cache/cache_kernels.cuh"
 #include "cache/cache_math.h"
@@ -91,6 +92,48 @@ __device__ __forceinline__ GroupPosition Position(int group_shift) {
   return p;
 }
 
+// Sum over entries begin .. end - 1 in order (from +0.0f) of vector v of their source rows,
+// each scaled by its entry scale times `multiplier` when kScaled. Loads of kUnroll rows are
+// issued before their in-order accumulation.
+template <typename VecT, bool kScaled>
+__device__ __forceinline__ VecT SumEntries(const float* __restrict__ source, int dim,
+                                           const int32_t* __restrict__ source_rows,
+                                           const float* __restrict__ entry_scales, float multiplier,
+                                           int64_t begin, int64_t end, int v) {
+  constexpr int kUnroll = 4;
+  VecT acc;
+  SetZero(acc);
+  int64_t j = begin;
+  for (; j + kUnroll <= end; j += kUnroll) {
+    VecT x[kUnroll];
+    float scale[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      x[u] = RowAs<VecT>(source, source_rows[j + u], dim)[v];
+      if (kScaled) {
+        scale[u] = Mul(entry_scales != nullptr ? entry_scales[j + u] : 1.0f, multiplier);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (kScaled) {
+        AccumulateScaled(acc, scale[u], x[u]);
+      } else {
+        Accumulate(acc, x[u]);
+      }
+    }
+  }
+  for (; j < end; ++j) {
+    const VecT x = RowAs<VecT>(source, source_rows[j], dim)[v];
+    if (kScaled) {
+      AccumulateScaled(acc, Mul(entry_scales != nullptr ? entry_scales[j] : 1.0f, multiplier), x);
+    } else {
+      Accumulate(acc, x);
+    }
+  }
+  return acc;
+}
+
 // --- kernels ---------------------------------------------------------------------------------
 
 template <typename VecT, bool kScaled>
@@ -99,9 +142,8 @@ __global__ void __launch_bounds__(kThreads)
                      const int64_t* __restrict__ segment_begin,
                      const int32_t* __restrict__ source_rows,
                      const float* __restrict__ entry_scales, bool mean, bool bag_layout,
-                     int64_t num_segments, int num_samples, int num_tables,
+                     int64_t num_segments, int num_samples, int num_tables, int64_t max_entries,
                      float* __restrict__ output, int group_shift) {
-  constexpr int kUnroll = 4;
   const int vectors = dim / static_cast<int>(sizeof(VecT) / sizeof(float));
   const GroupPosition p = Position(group_shift);
   for (int64_t segment = p.first; segment < num_segments; segment += p.stride) {
@@ -112,42 +154,63 @@ __global__ void __launch_bounds__(kThreads)
     }
     const int64_t begin = segment_begin[segment];
     const int64_t end = segment_begin[segment + 1];
+    if (end - begin > max_entries) continue;  // LongSegmentSumKernel's
     const float multiplier = cache_math::BagMultiplier(mean, end - begin);
     VecT* out = RowAs<VecT>(output, out_row, dim);
     for (int v = p.lane; v < vectors; v += p.size) {
+      out[v] = SumEntries<VecT, kScaled>(source, dim, source_rows, entry_scales, multiplier, begin,
+                                         end, v);
+    }
+  }
+}
+
+// Segments of more than kReduceChunk entries (the reduce's hot rows), one block at a time: the
+// block's threads are `lanes` x `columns` (columns = the row's vectors rounded up to a power of
+// two, at most kThreads); each lane sums one chunk of kReduceChunk entries, and lane 0 then adds
+// the lanes' partials in chunk order, a round of `lanes` chunks after another. The order is
+// cache_math's chunked reduce order, so the bits equal the CPU reference's.
+template <typename VecT, bool kScaled>
+__global__ void __launch_bounds__(kThreads)
+    LongSegmentSumKernel(const float* __restrict__ source, int dim,
+                         const int64_t* __restrict__ segment_begin,
+                         const int32_t* __restrict__ source_rows,
+                         const float* __restrict__ entry_scales, bool mean, int64_t num_segments,
+                         float* __restrict__ output, int column_shift) {
+  __shared__ VecT partials[kThreads];
+  constexpr int64_t kChunk = cache_math::kReduceChunk;
+  const int vectors = dim / static_cast<int>(sizeof(VecT) / sizeof(float));
+  const int columns = 1 << column_shift;
+  const int lanes = kThreads >> column_shift;
+  const int column = static_cast<int>(threadIdx.x) & (columns - 1);
+  const int lane = static_cast<int>(threadIdx.x) >> column_shift;
+  for (int64_t segment = blockIdx.x; segment < num_segments; segment += gridDim.x) {
+    const int64_t begin = segment_begin[segment];
+    const int64_t end = segment_begin[segment + 1];
+    if (end - begin <= kChunk) continue;  // the same for the whole block
+    const float multiplier = cache_math::BagMultiplier(mean, end - begin);
+    VecT* out = RowAs<VecT>(output, segment, dim);
+    for (int first = 0; first < vectors; first += columns) {
+      const int v = first + column;
       VecT acc;
       SetZero(acc);
-      int64_t j = begin;
-      // Loads of kUnroll rows are issued before their in-order accumulation.
-      for (; j + kUnroll <= end; j += kUnroll) {
-        VecT x[kUnroll];
-        float scale[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          x[u] = RowAs<VecT>(source, source_rows[j + u], dim)[v];
-          if (kScaled) {
-            scale[u] = Mul(entry_scales != nullptr ? entry_scales[j + u] : 1.0f, multiplier);
-          }
+      for (int64_t round = begin; round < end; round += lanes * kChunk) {
+        const int64_t chunk = round + lane * kChunk;
+        VecT partial;
+        SetZero(partial);
+        if (v < vectors && chunk < end) {
+          partial = SumEntries<VecT, kScaled>(source, dim, source_rows, entry_scales, multiplier,
+                                              chunk, min(chunk + kChunk, end), v);
         }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          if (kScaled) {
-            AccumulateScaled(acc, scale[u], x[u]);
-          } else {
-            Accumulate(acc, x[u]);
-          }
+        partials[threadIdx.x] = partial;
+        __syncthreads();
+        if (lane == 0 && v < vectors) {
+          const int64_t chunks =
+              min(static_cast<int64_t>(lanes), (end - round + kChunk - 1) / kChunk);
+          for (int l = 0; l < chunks; ++l) Accumulate(acc, partials[l * columns + column]);
         }
+        __syncthreads();
       }
-      for (; j < end; ++j) {
-        const VecT x = RowAs<VecT>(source, source_rows[j], dim)[v];
-        if (kScaled) {
-          AccumulateScaled(acc, Mul(entry_scales != nullptr ? entry_scales[j] : 1.0f, multiplier),
-                           x);
-        } else {
-          Accumulate(acc, x);
-        }
-      }
-      out[v] = acc;
+      if (lane == 0 && v < vectors) out[v] = acc;
     }
   }
 }
@@ -301,11 +364,24 @@ absl::Status LaunchSegmentSum(const SegmentSumArgs& a, int sm_count, cudaStream_
   if (a.num_segments == 0) return absl::OkStatus();
   const bool vec4 = a.dim % 4 == 0 && Aligned16(a.source) && Aligned16(a.output);
   const bool scaled = a.entry_scales != nullptr || a.mean;
-  const Shape shape = ShapeFor(a.num_segments, vec4 ? a.dim / 4 : a.dim, sm_count);
-#define BAGPIPE_LAUNCH_SEGMENT_SUM_(VecT, kScaled)                                           \
-  SegmentSumKernel<VecT, kScaled><<<shape.blocks, kThreads, 0, stream>>>(                    \
-      a.source, a.dim, a.segment_begin, a.source_rows, a.entry_scales, a.mean, a.bag_layout, \
-      a.num_segments, a.num_samples, a.num_tables, a.output, shape.group_shift)
+  const int units = vec4 ? a.dim / 4 : a.dim;
+  const Shape shape = ShapeFor(a.num_segments, units, sm_count);
+  const int64_t max_entries =
+      a.chunked ? cache_math::kReduceChunk : std::numeric_limits<int64_t>::max();
+  // Long segments: one block each (grid-stride), columns = units rounded up to a power of two.
+  int column_shift = 0;
+  while ((1 << column_shift) < units && (1 << column_shift) < kThreads) ++column_shift;
+  const int long_blocks = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(a.num_segments, int64_t{std::max(sm_count, 1)} * 4)));
+#define BAGPIPE_LAUNCH_SEGMENT_SUM_(VecT, kScaled)                                               \
+  SegmentSumKernel<VecT, kScaled><<<shape.blocks, kThreads, 0, stream>>>(                        \
+      a.source, a.dim, a.segment_begin, a.source_rows, a.entry_scales, a.mean, a.bag_layout,     \
+      a.num_segments, a.num_samples, a.num_tables, max_entries, a.output, shape.group_shift);    \
+  if (a.chunked) {                                                                               \
+    LongSegmentSumKernel<VecT, kScaled><<<long_blocks, kThreads, 0, stream>>>(                   \
+        a.source, a.dim, a.segment_begin, a.source_rows, a.entry_scales, a.mean, a.num_segments, \
+        a.output, column_shift);                                                                 \
+  }
   if (vec4) {
     if (scaled) {
       BAGPIPE_LAUNCH_SEGMENT_SUM_(float4, true);

@@ -16,6 +16,15 @@
 // combined by the tree  for (h = 16; h >= 1; h /= 2) p_l = p_l + p_{l+h} for l < h;  Q = p_0.
 // (This is the order of a warp's xor-shuffle reduction, so the CUDA backend reproduces it.)
 //
+// Gradient reduce of a row whose occurrences are e_0 .. e_{n-1} (occurrence order), each a
+// pooled gradient row x_e with a scale a_e: the occurrences are cut into chunks of
+// kReduceChunk consecutive ones; chunk k's partial is
+//   p_k = sum over its occurrences in order of a_e * x_e (from +0.0f; the multiply is skipped
+//         when a_e is exactly 1, which gives the same bits),
+// and the row's gradient is p_0 + p_1 + ... in chunk order (from +0.0f). A row with at most
+// kReduceChunk occurrences is therefore the plain in-order sum; the chunks of a hot row are
+// summed in parallel by the CUDA backend, then combined in this order.
+//
 // This header compiles with a plain host compiler and with nvcc (functions are
 // __host__ __device__ there).
 #ifndef BAGPIPE_CACHE_CACHE_MATH_H_
@@ -33,6 +42,7 @@
 namespace bagpipe::cache_math {
 
 inline constexpr int kRowwisePartials = 32;
+inline constexpr int64_t kReduceChunk = 32;
 
 BAGPIPE_HOST_DEVICE inline float Add(float a, float b) {
 #if defined(__CUDA_ARCH__)

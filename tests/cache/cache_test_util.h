@@ -11,9 +11,11 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "cache/cache_math.h"
 #include "cache/embedding_cache.h"
 #include "core/random.h"
 #include "gtest/gtest.h"
@@ -154,14 +156,16 @@ inline std::vector<float> NaiveGather(const std::vector<float>& values, int dim,
   return pooled;
 }
 
-// grad[u] = sum over occurrences j of u, in occurrence order, from +0.0f, of
-// scale_j * pooled_grad[bag(j)].
+// grad[u] = sum over occurrences j of u, in occurrence order, of scale_j * pooled_grad[bag(j)],
+// in the documented chunked order (cache/cache_math.h): partial sums of kReduceChunk
+// consecutive occurrences (from +0.0f), then the partials in chunk order (from +0.0f).
 inline std::vector<float> NaiveReduce(const RandomBatch& batch,
                                       const std::vector<float>& pooled_grad, int dim,
                                       PoolingMode pooling, bool weighted) {
-  std::vector<float> grads(static_cast<size_t>(batch.num_unique()) * dim, 0.0f);
   const int tables = batch.num_tables;
   const int samples = batch.num_samples;
+  // Every row's occurrences in occurrence order: (scale, pooled gradient row).
+  std::vector<std::vector<std::pair<float, const float*>>> occurrences(batch.num_unique());
   for (int t = 0; t < tables; ++t) {
     for (int s = 0; s < samples; ++s) {
       const int64_t bag = static_cast<int64_t>(t) * samples + s;
@@ -172,10 +176,23 @@ inline std::vector<float> NaiveReduce(const RandomBatch& batch,
                           : 1.0f;
       const float* g = pooled_grad.data() + (static_cast<size_t>(s) * tables + t) * dim;
       for (int64_t j = begin; j < end; ++j) {
-        const float scale = (weighted ? batch.weights[j] : 1.0f) * m;
-        float* out = grads.data() + static_cast<size_t>(batch.unique_index[j]) * dim;
-        for (int c = 0; c < dim; ++c) out[c] += scale * g[c];
+        occurrences[batch.unique_index[j]].emplace_back((weighted ? batch.weights[j] : 1.0f) * m,
+                                                        g);
       }
+    }
+  }
+  std::vector<float> grads(static_cast<size_t>(batch.num_unique()) * dim, 0.0f);
+  std::vector<float> partial(static_cast<size_t>(dim));
+  for (size_t u = 0; u < occurrences.size(); ++u) {
+    const auto& list = occurrences[u];
+    for (size_t first = 0; first < list.size(); first += cache_math::kReduceChunk) {
+      std::fill(partial.begin(), partial.end(), 0.0f);
+      const size_t last = std::min(list.size(), first + cache_math::kReduceChunk);
+      for (size_t k = first; k < last; ++k) {
+        for (int c = 0; c < dim; ++c) partial[c] += list[k].first * list[k].second[c];
+      }
+      float* out = grads.data() + u * dim;
+      for (int c = 0; c < dim; ++c) out[c] += partial[c];
     }
   }
   return grads;

@@ -215,6 +215,35 @@ TEST_P(CudaReduceTest, MatchesTheCpuReference) {
   EXPECT_TRUE(Close(cpu_grads, Download(device_grads.data(), grad_floats), kReduceTolerance));
 }
 
+// Rows with hundreds of occurrences: the CUDA backend sums their chunks in parallel, then the
+// partials in chunk order, which must give the CPU reference's bits.
+TEST_P(CudaReduceTest, HotRowsMatchTheCpuReferenceBitForBit) {
+  const auto [dim, pooling, weighted] = GetParam();
+  SCOPED_TRACE(Describe(dim, pooling, weighted));
+  Twins twins = MakeTwins(dim, OptimizerKind::kSgd, 43);
+  const RandomBatch batch = MakeRandomBatch(11 * dim, 3, 900, 5, kCapacity, 5);
+  const size_t pooled_floats = static_cast<size_t>(3) * 900 * dim;
+  const std::vector<float> pooled_grad = RandomFloats(dim + 2, pooled_floats, -1.0f, 1.0f);
+  const float* weights = weighted ? batch.weights.data() : nullptr;
+  BackwardIndex cpu_index, cuda_index;
+  ASSERT_TRUE(cpu_index
+                  .Build(cpu_, batch.offsets.data(), 3, 900, batch.unique_index.data(),
+                         batch.num_ids(), batch.num_unique(), pooling, weights)
+                  .ok());
+  ASSERT_TRUE(cuda_index
+                  .Build(cuda_, batch.offsets.data(), 3, 900, batch.unique_index.data(),
+                         batch.num_ids(), batch.num_unique(), pooling, weights)
+                  .ok());
+  const size_t grad_floats = static_cast<size_t>(batch.num_unique()) * dim;
+  std::vector<float> cpu_grads(grad_floats);
+  ASSERT_TRUE(twins.cpu->ReduceGradients(cpu_index, pooled_grad.data(), cpu_grads.data()).ok());
+  auto device_pooled = Upload(pooled_grad);
+  auto device_grads = Zeros(grad_floats);
+  ASSERT_TRUE(
+      twins.cuda->ReduceGradients(cuda_index, device_pooled.data(), device_grads.data()).ok());
+  EXPECT_TRUE(BitEqual(cpu_grads, Download(device_grads.data(), grad_floats)));
+}
+
 INSTANTIATE_TEST_SUITE_P(DimsPoolingsWeights, CudaReduceTest,
                          ::testing::Combine(::testing::Values(1, 3, 4, 16, 64, 128, 200),
                                             ::testing::Values(PoolingMode::kSum,

@@ -4,6 +4,7 @@
 // invalid input is rejected with a message naming the offending position.
 #include "cache/embedding_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cache/cache_math.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tbb/global_control.h"
@@ -181,6 +183,29 @@ TEST_P(ReduceTest, EqualsNaiveLoopsBitForBit) {
   BackwardIndex index;
   ASSERT_TRUE(index
                   .Build(DeviceContext::Cpu(), batch.offsets.data(), 4, 29,
+                         batch.unique_index.data(), batch.num_ids(), batch.num_unique(), pooling,
+                         weighted ? batch.weights.data() : nullptr)
+                  .ok());
+  std::vector<float> grads(static_cast<size_t>(batch.num_unique()) * dim, std::nanf(""));
+  ASSERT_TRUE(cache->ReduceGradients(index, pooled_grad.data(), grads.data()).ok());
+  EXPECT_TRUE(BitEqual(cache_test::NaiveReduce(batch, pooled_grad, dim, pooling, weighted), grads));
+}
+
+// Rows with hundreds of occurrences are summed in chunks of kReduceChunk, then the partials in
+// chunk order (cache/cache_math.h).
+TEST_P(ReduceTest, HotRowsSumInChunksBitForBit) {
+  const auto [dim, pooling, weighted] = GetParam();
+  auto cache = RandomCache(dim, OptimizerKind::kSgd, 3);
+  const RandomBatch batch = MakeRandomBatch(7 + dim, 2, 400, 4, kCapacity, 3);
+  std::vector<int64_t> occurrences(batch.num_unique(), 0);
+  for (uint32_t u : batch.unique_index) ++occurrences[u];
+  ASSERT_GT(*std::max_element(occurrences.begin(), occurrences.end()),
+            4 * cache_math::kReduceChunk);
+  const std::vector<float> pooled_grad =
+      RandomFloats(dim, static_cast<size_t>(2) * 400 * dim, -1.0f, 1.0f);
+  BackwardIndex index;
+  ASSERT_TRUE(index
+                  .Build(DeviceContext::Cpu(), batch.offsets.data(), 2, 400,
                          batch.unique_index.data(), batch.num_ids(), batch.num_unique(), pooling,
                          weighted ? batch.weights.data() : nullptr)
                   .ok());
