@@ -18,7 +18,11 @@
 #   --dim D --bottom A-B-..-D --top X-..-1   model shape (default: the binary's small model)
 #   --paper              the Bagpipe paper's DLRM: dim 48, bottom 13-512-256-64-48, top
 #                        1024-1024-1024-256-128-1, 26 tables at Criteo Kaggle size (~34M rows;
-#                        on --device cpu the tables are scaled to 0.05 to fit), batch 16384
+#                        on --device cpu the tables are scaled to 0.05 to fit), batch 16384;
+#                        SGD for the dense MLPs (Adagrad from a zero accumulator moves every
+#                        weight by --lr in its first step, which makes this deep a model's loss
+#                        jump to ~10^6 before it recovers) unless the arguments after -- name
+#                        --dense-optimizer
 #   --modes LIST         comma-separated modes (default device,oracle,lru,off)
 #   --deterministic      bit-identical runs; checks params_sha256 across modes
 #   --no-convert         read synthetic data directly instead of converting it once to the
@@ -103,6 +107,10 @@ if [ "$paper" -eq 1 ]; then
       "(the full ~34M-row tables need a GPU-sized memory and time budget)" >&2
   fi
   paper_data="synthetic:samples=$((batch_size * iterations)),tables=26,scale=${paper_scale}"
+  case " ${extra[*]} " in
+    *" --dense-optimizer"*) ;;
+    *) extra=(--dense-optimizer sgd "${extra[@]}") ;;
+  esac
   data="${data:-${paper_data},alpha=1.05}"
 else
   device="${device:-cpu}"
