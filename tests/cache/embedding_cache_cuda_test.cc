@@ -130,6 +130,36 @@ class CudaCacheTest : public ::testing::Test {
     return {cpu_pooled, Download(pooled.data() + pad, out)};
   }
 
+  // Row gradients of `batch` from random pooled gradients (seed `seed`), by both backends.
+  std::pair<std::vector<float>, std::vector<float>> ReduceBoth(Twins& twins,
+                                                               const RandomBatch& batch,
+                                                               PoolingMode pooling, bool weighted,
+                                                               uint64_t seed) {
+    const int dim = twins.cpu->dim();
+    const int tables = batch.num_tables;
+    const int samples = batch.num_samples;
+    const std::vector<float> pooled_grad =
+        RandomFloats(seed, static_cast<size_t>(tables) * samples * dim, -1.0f, 1.0f);
+    const float* weights = weighted ? batch.weights.data() : nullptr;
+    BackwardIndex cpu_index, cuda_index;
+    EXPECT_TRUE(cpu_index
+                    .Build(cpu_, batch.offsets.data(), tables, samples, batch.unique_index.data(),
+                           batch.num_ids(), batch.num_unique(), pooling, weights)
+                    .ok());
+    EXPECT_TRUE(cuda_index
+                    .Build(cuda_, batch.offsets.data(), tables, samples, batch.unique_index.data(),
+                           batch.num_ids(), batch.num_unique(), pooling, weights)
+                    .ok());
+    const size_t grad_floats = static_cast<size_t>(batch.num_unique()) * dim;
+    std::vector<float> cpu_grads(grad_floats);
+    EXPECT_TRUE(twins.cpu->ReduceGradients(cpu_index, pooled_grad.data(), cpu_grads.data()).ok());
+    auto device_pooled = Upload(pooled_grad);
+    auto device_grads = Zeros(grad_floats);
+    EXPECT_TRUE(
+        twins.cuda->ReduceGradients(cuda_index, device_pooled.data(), device_grads.data()).ok());
+    return {cpu_grads, Download(device_grads.data(), grad_floats)};
+  }
+
   std::shared_ptr<DeviceContext> cpu_ = DeviceContext::Cpu();
   std::shared_ptr<DeviceContext> cuda_;
 };
@@ -192,27 +222,8 @@ TEST_P(CudaReduceTest, MatchesTheCpuReference) {
   SCOPED_TRACE(Describe(dim, pooling, weighted));
   Twins twins = MakeTwins(dim, OptimizerKind::kSgd, 41);
   const RandomBatch batch = MakeRandomBatch(9 * dim, 4, 257, 7, kCapacity, 800);
-  const size_t pooled_floats = static_cast<size_t>(4) * 257 * dim;
-  const std::vector<float> pooled_grad = RandomFloats(dim + 1, pooled_floats, -1.0f, 1.0f);
-  const float* weights = weighted ? batch.weights.data() : nullptr;
-
-  BackwardIndex cpu_index, cuda_index;
-  ASSERT_TRUE(cpu_index
-                  .Build(cpu_, batch.offsets.data(), 4, 257, batch.unique_index.data(),
-                         batch.num_ids(), batch.num_unique(), pooling, weights)
-                  .ok());
-  ASSERT_TRUE(cuda_index
-                  .Build(cuda_, batch.offsets.data(), 4, 257, batch.unique_index.data(),
-                         batch.num_ids(), batch.num_unique(), pooling, weights)
-                  .ok());
-  const size_t grad_floats = static_cast<size_t>(batch.num_unique()) * dim;
-  std::vector<float> cpu_grads(grad_floats);
-  ASSERT_TRUE(twins.cpu->ReduceGradients(cpu_index, pooled_grad.data(), cpu_grads.data()).ok());
-  auto device_pooled = Upload(pooled_grad);
-  auto device_grads = Zeros(grad_floats);
-  ASSERT_TRUE(
-      twins.cuda->ReduceGradients(cuda_index, device_pooled.data(), device_grads.data()).ok());
-  EXPECT_TRUE(Close(cpu_grads, Download(device_grads.data(), grad_floats), kReduceTolerance));
+  const auto [cpu, cuda] = ReduceBoth(twins, batch, pooling, weighted, dim + 1);
+  EXPECT_TRUE(Close(cpu, cuda, kReduceTolerance));
 }
 
 // Rows with hundreds of occurrences: the CUDA backend sums their chunks in parallel, then the
@@ -222,26 +233,8 @@ TEST_P(CudaReduceTest, HotRowsMatchTheCpuReferenceBitForBit) {
   SCOPED_TRACE(Describe(dim, pooling, weighted));
   Twins twins = MakeTwins(dim, OptimizerKind::kSgd, 43);
   const RandomBatch batch = MakeRandomBatch(11 * dim, 3, 900, 5, kCapacity, 5);
-  const size_t pooled_floats = static_cast<size_t>(3) * 900 * dim;
-  const std::vector<float> pooled_grad = RandomFloats(dim + 2, pooled_floats, -1.0f, 1.0f);
-  const float* weights = weighted ? batch.weights.data() : nullptr;
-  BackwardIndex cpu_index, cuda_index;
-  ASSERT_TRUE(cpu_index
-                  .Build(cpu_, batch.offsets.data(), 3, 900, batch.unique_index.data(),
-                         batch.num_ids(), batch.num_unique(), pooling, weights)
-                  .ok());
-  ASSERT_TRUE(cuda_index
-                  .Build(cuda_, batch.offsets.data(), 3, 900, batch.unique_index.data(),
-                         batch.num_ids(), batch.num_unique(), pooling, weights)
-                  .ok());
-  const size_t grad_floats = static_cast<size_t>(batch.num_unique()) * dim;
-  std::vector<float> cpu_grads(grad_floats);
-  ASSERT_TRUE(twins.cpu->ReduceGradients(cpu_index, pooled_grad.data(), cpu_grads.data()).ok());
-  auto device_pooled = Upload(pooled_grad);
-  auto device_grads = Zeros(grad_floats);
-  ASSERT_TRUE(
-      twins.cuda->ReduceGradients(cuda_index, device_pooled.data(), device_grads.data()).ok());
-  EXPECT_TRUE(BitEqual(cpu_grads, Download(device_grads.data(), grad_floats)));
+  const auto [cpu, cuda] = ReduceBoth(twins, batch, pooling, weighted, dim + 2);
+  EXPECT_TRUE(BitEqual(cpu, cuda));
 }
 
 INSTANTIATE_TEST_SUITE_P(DimsPoolingsWeights, CudaReduceTest,

@@ -174,44 +174,39 @@ TEST(BackwardIndexTest, RejectsInconsistentInputsAndStaysUnbuilt) {
 
 class ReduceTest : public ::testing::TestWithParam<std::tuple<int, PoolingMode, bool>> {};
 
-TEST_P(ReduceTest, EqualsNaiveLoopsBitForBit) {
-  const auto [dim, pooling, weighted] = GetParam();
+// The CPU backend's row gradients of `batch` for random pooled gradients equal NaiveReduce's.
+void ExpectReduceEqualsNaive(int dim, PoolingMode pooling, bool weighted,
+                             const RandomBatch& batch) {
   auto cache = RandomCache(dim, OptimizerKind::kSgd, 3);
-  const RandomBatch batch = MakeRandomBatch(100 + dim, 4, 29, 4, kCapacity, 60);
-  const std::vector<float> pooled_grad =
-      RandomFloats(dim, static_cast<size_t>(4) * 29 * dim, -1.0f, 1.0f);
+  const std::vector<float> pooled_grad = RandomFloats(
+      dim, static_cast<size_t>(batch.num_tables) * batch.num_samples * dim, -1.0f, 1.0f);
   BackwardIndex index;
   ASSERT_TRUE(index
-                  .Build(DeviceContext::Cpu(), batch.offsets.data(), 4, 29,
-                         batch.unique_index.data(), batch.num_ids(), batch.num_unique(), pooling,
-                         weighted ? batch.weights.data() : nullptr)
+                  .Build(DeviceContext::Cpu(), batch.offsets.data(), batch.num_tables,
+                         batch.num_samples, batch.unique_index.data(), batch.num_ids(),
+                         batch.num_unique(), pooling, weighted ? batch.weights.data() : nullptr)
                   .ok());
   std::vector<float> grads(static_cast<size_t>(batch.num_unique()) * dim, std::nanf(""));
   ASSERT_TRUE(cache->ReduceGradients(index, pooled_grad.data(), grads.data()).ok());
   EXPECT_TRUE(BitEqual(cache_test::NaiveReduce(batch, pooled_grad, dim, pooling, weighted), grads));
 }
 
+TEST_P(ReduceTest, EqualsNaiveLoopsBitForBit) {
+  const auto [dim, pooling, weighted] = GetParam();
+  ExpectReduceEqualsNaive(dim, pooling, weighted,
+                          MakeRandomBatch(100 + dim, 4, 29, 4, kCapacity, 60));
+}
+
 // Rows with hundreds of occurrences are summed in chunks of kReduceChunk, then the partials in
 // chunk order (cache/cache_math.h).
 TEST_P(ReduceTest, HotRowsSumInChunksBitForBit) {
   const auto [dim, pooling, weighted] = GetParam();
-  auto cache = RandomCache(dim, OptimizerKind::kSgd, 3);
   const RandomBatch batch = MakeRandomBatch(7 + dim, 2, 400, 4, kCapacity, 3);
   std::vector<int64_t> occurrences(batch.num_unique(), 0);
   for (uint32_t u : batch.unique_index) ++occurrences[u];
   ASSERT_GT(*std::max_element(occurrences.begin(), occurrences.end()),
             4 * cache_math::kReduceChunk);
-  const std::vector<float> pooled_grad =
-      RandomFloats(dim, static_cast<size_t>(2) * 400 * dim, -1.0f, 1.0f);
-  BackwardIndex index;
-  ASSERT_TRUE(index
-                  .Build(DeviceContext::Cpu(), batch.offsets.data(), 2, 400,
-                         batch.unique_index.data(), batch.num_ids(), batch.num_unique(), pooling,
-                         weighted ? batch.weights.data() : nullptr)
-                  .ok());
-  std::vector<float> grads(static_cast<size_t>(batch.num_unique()) * dim, std::nanf(""));
-  ASSERT_TRUE(cache->ReduceGradients(index, pooled_grad.data(), grads.data()).ok());
-  EXPECT_TRUE(BitEqual(cache_test::NaiveReduce(batch, pooled_grad, dim, pooling, weighted), grads));
+  ExpectReduceEqualsNaive(dim, pooling, weighted, batch);
 }
 
 INSTANTIATE_TEST_SUITE_P(DimsPoolingsWeights, ReduceTest,
