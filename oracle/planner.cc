@@ -425,6 +425,8 @@ absl::Status Planner::Impl::Init() {
     wb.trainers.resize(trainers_);
     for (TrainerSlice& slice : wb.trainers) slice.tables.resize(tracks_);
     wb.now.resize(tracks_);
+    wb.shared_q.resize(tracks_);
+    wb.shared_holders.resize(tracks_);
   }
   if (o.policy != CachePolicy::kDevice) {
     caches_.resize(trainers_);
@@ -1178,9 +1180,26 @@ void Planner::Impl::Release(Iteration i) {
   WindowBatch& wb = window(i);
   std::vector<TrainerPlan> plans;
   plans.reserve(static_cast<size_t>(trainers_));
+  if (trainers_ > 1 && options_.policy != CachePolicy::kDevice) {
+    // Each holder's shared rows: table by table, each table's in RowId order (WriteSync).
+    SharedRow* shared[oracle_internal::kMaxTrainers];
+    for (int t = 0; t < trainers_; ++t) shared[t] = wb.trainers[t].plan.shared.data();
+    for (int tb = 0; tb < tracks_; ++tb) {
+      const uint8_t* const now = wb.now[static_cast<size_t>(tb)].data();
+      const int32_t* const qs = wb.shared_q[static_cast<size_t>(tb)].data();
+      const uint64_t* const holders = wb.shared_holders[static_cast<size_t>(tb)].data();
+      const size_t count = wb.shared_q[static_cast<size_t>(tb)].size();
+      for (size_t s = 0; s < count; ++s) {
+        const bool flag = now[qs[s]] != 0;
+        for (uint64_t hs = holders[s]; hs != 0; hs &= hs - 1) {
+          (shared[std::countr_zero(hs)]++)->now = flag;
+        }
+      }
+    }
+  }
   for (TrainerSlice& slice : wb.trainers) {
     TrainerPlan& plan = slice.plan;
-    for (size_t j = 0; j < plan.shared.size(); ++j) {
+    for (size_t j = 0; j < slice.shared_flags.size(); ++j) {
       const auto [table, flag] = slice.shared_flags[j];
       plan.shared[j].now = wb.now[table][flag] != 0;
     }

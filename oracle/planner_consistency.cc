@@ -26,6 +26,10 @@ namespace {
 uint64_t Bit(int trainer) { return uint64_t{1} << trainer; }
 
 constexpr size_t kAhead = 16;  // records prefetched ahead in the hot loops
+// WriteSync: entries ahead of each list's write cursor whose line is prefetched for writing
+// (about 6 cache lines).
+constexpr ptrdiff_t kSharedAhead = 16;  // 24-byte SharedRow
+constexpr ptrdiff_t kListAhead = 96;    // 4-byte exchange list entries
 
 // Sorts `pairs` by their first member, a row id in [0, rows) (least significant digit first,
 // digits of up to 11 bits). The ids are distinct, so the order is std::sort's. Below
@@ -357,7 +361,6 @@ void Planner::Impl::WriteSync(int table, Iteration i) {
   const size_t trainers = static_cast<size_t>(trainers_);
   // Write cursors into every holder's lists, from where this table's entries start.
   SharedRow* shared[oracle_internal::kMaxTrainers];
-  std::pair<int32_t, int32_t>* flags[oracle_internal::kMaxTrainers];
   int32_t local[oracle_internal::kMaxTrainers];
   int32_t first_unique[oracle_internal::kMaxTrainers];
   std::vector<int32_t*>& send = sync.send_cursors;
@@ -368,7 +371,6 @@ void Planner::Impl::WriteSync(int table, Iteration i) {
     TrainerSlice& slice = wb.trainers[h];
     local[h] = sync.shared_first[h];
     shared[h] = slice.plan.shared.data() + local[h];
-    flags[h] = slice.shared_flags.data() + local[h];
     first_unique[h] = slice.tables[table].first_unique;
     for (PeerExchange& exchange : slice.plan.peers) {
       const size_t at = h * trainers + static_cast<size_t>(exchange.peer);
@@ -382,6 +384,11 @@ void Planner::Impl::WriteSync(int table, Iteration i) {
   const uint32_t* const handles = sync.handles.data();
   const std::pair<int64_t, int32_t>* const sorted = sync.shared_sorted.data();
   const size_t count = sync.shared_sorted.size();
+  // The shared rows' q and holders in this order, for Release.
+  wb.shared_q[static_cast<size_t>(table)].resize(count);
+  wb.shared_holders[static_cast<size_t>(table)].resize(count);
+  int32_t* const release_q = wb.shared_q[static_cast<size_t>(table)].data();
+  uint64_t* const release_holders = wb.shared_holders[static_cast<size_t>(table)].data();
   int32_t at[oracle_internal::kMaxTrainers];  // each holder's index of the row in its list
   // Rows in id order visit their merged records (indexed by q) at random: those are
   // prefetched two distances ahead, the holders' slots (found through them) one.
@@ -400,11 +407,15 @@ void Planner::Impl::WriteSync(int table, Iteration i) {
     const RowId row = base + static_cast<RowId>(id);
     const SlotId* const slots = &gt.holder_slots[handles[q] * trainers];
     const uint64_t held = holders[q];
+    release_q[s] = q;
+    release_holders[s] = held;
     // Every holder lists the row (the holders that do not touch it only apply the update)...
     for (uint64_t hs = held; hs != 0; hs &= hs - 1) {
       const int h = std::countr_zero(hs);
+      // The lists are written as dozens of sequential streams at once, more than the hardware
+      // prefetchers follow: each stream's lines are fetched for writing a few lines ahead.
+      __builtin_prefetch(shared[h] + kSharedAhead, 1);
       *shared[h]++ = SharedRow{slots[h], row, -1, false};
-      *flags[h]++ = {table, q};
       at[h] = local[h]++;
     }
     // ... and every toucher (a holder too) sends its gradient to every other holder, which
@@ -418,6 +429,8 @@ void Planner::Impl::WriteSync(int table, Iteration i) {
       int32_t** const from = &recv[static_cast<size_t>(t)];
       for (uint64_t peers = held & ~Bit(t); peers != 0; peers &= peers - 1) {
         const int peer = std::countr_zero(peers);
+        __builtin_prefetch(to[peer] + kListAhead, 1);
+        __builtin_prefetch(from[static_cast<size_t>(peer) * trainers] + kListAhead, 1);
         *to[peer]++ = sent;
         *from[static_cast<size_t>(peer) * trainers]++ = at[peer];
       }
@@ -479,7 +492,7 @@ void Planner::Impl::Assemble(int trainer, Iteration i) {
     }
   }
   plan.shared.resize(static_cast<size_t>(shared_total));
-  slice.shared_flags.resize(static_cast<size_t>(shared_total));
+  slice.shared_flags.clear();
   // The per-peer lists of a recycled plan (SparePlanningBuffers) keep their capacity.
   std::vector<PeerExchange> spare = std::move(plan.peers);
   plan.peers.clear();

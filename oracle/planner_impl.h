@@ -176,7 +176,7 @@ struct Segment {
 struct TrainerSlice {
   TrainerPlan plan;
   std::vector<Segment> tables;
-  // Per plan.shared entry: (table, index into WindowBatch::now[table]).
+  // kDevice: per plan.shared entry, (table, index into WindowBatch::now[table]).
   std::vector<std::pair<int32_t, int32_t>> shared_flags;
 };
 
@@ -185,8 +185,14 @@ struct WindowBatch {
   int64_t ids = 0;
   double entry_seconds = 0;
   std::vector<TrainerSlice> trainers;
-  // Per table, per shared row of this iteration (RowId order): exchange before i + 1.
+  // Per table, per shared row of this iteration (kDevice: by its index in the table's staged
+  // rows; the other policies: by its merged row index q): exchange before i + 1.
   std::vector<std::vector<uint8_t>> now;
+  // Several trainers but kDevice, per table (WriteSync): the shared rows in RowId order, each
+  // as its q and its holders. Every holder's plan.shared lists the tables' shared rows in this
+  // order, so Release sets their `now` by one walk over these lists, without a flag per entry.
+  std::vector<UninitVector<int32_t>> shared_q;
+  std::vector<UninitVector<uint64_t>> shared_holders;
 };
 
 // Per (trainer, table) record of a row that is resident, occurs in the window, or (one
