@@ -1189,11 +1189,13 @@ void Planner::Impl::Release(Iteration i) {
       const int32_t* const qs = wb.shared_q[static_cast<size_t>(tb)].data();
       const uint64_t* const holders = wb.shared_holders[static_cast<size_t>(tb)].data();
       const size_t count = wb.shared_q[static_cast<size_t>(tb)].size();
+      // WriteSync wrote every entry with now = false: only the rows exchanged now are written.
       for (size_t s = 0; s < count; ++s) {
-        const bool flag = now[qs[s]] != 0;
-        for (uint64_t hs = holders[s]; hs != 0; hs &= hs - 1) {
-          (shared[std::countr_zero(hs)]++)->now = flag;
+        const uint64_t held = holders[s];
+        if (now[qs[s]] != 0) {
+          for (uint64_t hs = held; hs != 0; hs &= hs - 1) shared[std::countr_zero(hs)]->now = true;
         }
+        for (uint64_t hs = held; hs != 0; hs &= hs - 1) ++shared[std::countr_zero(hs)];
       }
     }
   }
