@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstddef>
 #include <numeric>
 #include <utility>
 
@@ -28,8 +29,8 @@ uint64_t Bit(int trainer) { return uint64_t{1} << trainer; }
 constexpr size_t kAhead = 16;  // records prefetched ahead in the hot loops
 // WriteSync: entries ahead of each list's write cursor whose line is prefetched for writing
 // (about 6 cache lines).
-constexpr ptrdiff_t kSharedAhead = 16;  // 24-byte SharedRow
-constexpr ptrdiff_t kListAhead = 96;    // 4-byte exchange list entries
+constexpr std::ptrdiff_t kSharedAhead = 16;  // 24-byte SharedRow
+constexpr std::ptrdiff_t kListAhead = 96;    // 4-byte exchange list entries
 
 // Sorts `pairs` by their first member, a row id in [0, rows) (least significant digit first,
 // digits of up to 11 bits). The ids are distinct, so the order is std::sort's. Below
