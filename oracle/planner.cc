@@ -1181,23 +1181,24 @@ void Planner::Impl::Release(Iteration i) {
   std::vector<TrainerPlan> plans;
   plans.reserve(static_cast<size_t>(trainers_));
   if (trainers_ > 1 && options_.policy != CachePolicy::kDevice) {
-    // Each holder's shared rows: table by table, each table's in RowId order (WriteSync).
-    SharedRow* shared[oracle_internal::kMaxTrainers];
-    for (int t = 0; t < trainers_; ++t) shared[t] = wb.trainers[t].plan.shared.data();
-    for (int tb = 0; tb < tracks_; ++tb) {
-      const uint8_t* const now = wb.now[static_cast<size_t>(tb)].data();
-      const int32_t* const qs = wb.shared_q[static_cast<size_t>(tb)].data();
-      const uint64_t* const holders = wb.shared_holders[static_cast<size_t>(tb)].data();
-      const size_t count = wb.shared_q[static_cast<size_t>(tb)].size();
-      // WriteSync wrote every entry with now = false: only the rows exchanged now are written.
-      for (size_t s = 0; s < count; ++s) {
-        const uint64_t held = holders[s];
-        if (now[qs[s]] != 0) {
-          for (uint64_t hs = held; hs != 0; hs &= hs - 1) shared[std::countr_zero(hs)]->now = true;
+    // Each holder's shared rows: table by table, each table's in RowId order (WriteSync). One
+    // task per trainer walks every table's shared rows and writes its own entries in order
+    // (branch-free: a row it does not hold writes to `skip`).
+    ForEach(trainers_, [&](int t) {
+      SharedRow* entry = wb.trainers[t].plan.shared.data();
+      SharedRow skip;
+      for (int tb = 0; tb < tracks_; ++tb) {
+        const uint8_t* const now = wb.now[static_cast<size_t>(tb)].data();
+        const int32_t* const qs = wb.shared_q[static_cast<size_t>(tb)].data();
+        const uint64_t* const holders = wb.shared_holders[static_cast<size_t>(tb)].data();
+        const size_t count = wb.shared_q[static_cast<size_t>(tb)].size();
+        for (size_t s = 0; s < count; ++s) {
+          const bool mine = ((holders[s] >> t) & 1) != 0;
+          (mine ? entry : &skip)->now = now[qs[s]] != 0;
+          entry += mine ? 1 : 0;
         }
-        for (uint64_t hs = held; hs != 0; hs &= hs - 1) ++shared[std::countr_zero(hs)];
       }
-    }
+    });
   }
   for (TrainerSlice& slice : wb.trainers) {
     TrainerPlan& plan = slice.plan;
