@@ -515,7 +515,12 @@ absl::Status Planner::Impl::Finish() {
       std::fill(flags.begin(), flags.end(), 1);
     }
   }
+  // Releasing is planning work (Release runs parallel passes, which count in pass_seconds).
+  Stopwatch watch;
   while (next_release_ < next_plan_) Release(next_release_++);
+  const double seconds = watch.Seconds();
+  stats_.plan_seconds += seconds;
+  stats_.phase_seconds[static_cast<int>(PlannerPhase::kRelease)] += seconds;
   return absl::OkStatus();
 }
 
