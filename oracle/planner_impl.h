@@ -41,12 +41,12 @@
 //   WriteSync     (table)           several trainers: writes the shared rows and the exchange
 //                                   lists straight into every holder's plan, and keeps each
 //                                   shared row's q and holders for Release
-// Releasing iteration i (serial, emit lag iterations after it is planned): sets the `now` flags of
-// the shared rows, final by then, in every holder's plan. With several trainers the cross-trainer
-// work thus grows with the distinct rows of the global batch, not with the sum over trainers of
-// their distinct rows (most rows of a Criteo-like batch are touched by several trainers). The hot
-// loops prefetch the records they will touch a few rows ahead: nearly every record access is a
-// cache miss, and overlapping them is most of the planner's speed.
+// Releasing iteration i (per trainer, emit lag iterations after it is planned): sets the `now`
+// flags of the shared rows, final by then, in every holder's plan. With several trainers the
+// cross-trainer work thus grows with the distinct rows of the global batch, not with the sum over
+// trainers of their distinct rows (most rows of a Criteo-like batch are touched by several
+// trainers). The hot loops prefetch the records they will touch a few rows ahead: nearly every
+// record access is a cache miss, and overlapping them is most of the planner's speed.
 #ifndef BAGPIPE_ORACLE_PLANNER_IMPL_H_
 #define BAGPIPE_ORACLE_PLANNER_IMPL_H_
 
