@@ -113,9 +113,12 @@ if [ "$mode" = asan ]; then
   # The Python package's suites: the interpreter is not instrumented, so the runtime is
   # preloaded for the instrumented extension module to load; CPython and PyTorch keep memory
   # until exit by design, so leaks are not checked in these processes, nor in the Python ranks
-  # that test_mpi.py starts under mpirun.
+  # that test_mpi.py starts under mpirun. libstdc++ is preloaded after the runtime: CPython does
+  # not link it, so when the runtime starts it finds no __cxa_throw to forward its interceptor
+  # to, and the first C++ exception the module throws (an error raised to Python) would stop the
+  # process in an ASan CHECK ("real___cxa_throw != 0") instead.
   if ctest --test-dir "$build_dir" -N -L python | grep -q 'Total Tests: [1-9]'; then
-    LD_PRELOAD="$(${CXX:-c++} -print-file-name=libasan.so)" \
+    LD_PRELOAD="$(${CXX:-c++} -print-file-name=libasan.so) $(${CXX:-c++} -print-file-name=libstdc++.so.6)" \
       ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0" \
       OMPI_MCA_mca_base_env_list="ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0" \
       ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900 -L python || failed=1

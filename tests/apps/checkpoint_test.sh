@@ -337,7 +337,13 @@ if [[ -n $MPIEXEC ]]; then
   fi
   # SIGKILL of rank 0 in a checkpoint under mpirun.
   ck="$WORK/mpi_ck_kill"
-  timeout 300 "$MPIEXEC" -np 5 --oversubscribe -x BAGPIPE_TEST_KILL_IN_CHECKPOINT=20 "$BAGPIPE" \
+  # The variable goes to the ranks with `-x`, or through mca_base_env_list when that is set
+  # (scripts/sanitize.sh sets it): Open MPI refuses to start a job given both.
+  kill_env=(-x BAGPIPE_TEST_KILL_IN_CHECKPOINT=20)
+  if [[ -n ${OMPI_MCA_mca_base_env_list:-} ]]; then
+    kill_env=(--mca mca_base_env_list "$OMPI_MCA_mca_base_env_list;BAGPIPE_TEST_KILL_IN_CHECKPOINT=20")
+  fi
+  timeout 300 "$MPIEXEC" -np 5 --oversubscribe "${kill_env[@]}" "$BAGPIPE" \
     train "${COMMON[@]}" "${B[@]}" --iterations 30 --servers 2 --cache oracle --checkpoint-dir "$ck" \
     --checkpoint-every 10 --out "$WORK/mpi_kill" >"$WORK/mpi_kill.log" 2>&1
   if [[ ! -e "$ck/ckpt-10/MANIFEST" || -e "$ck/ckpt-20/MANIFEST" ]]; then
