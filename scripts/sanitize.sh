@@ -95,7 +95,9 @@ fi
 
 if [ "$mode" = asan ]; then
   build_dir=${BUILD_DIR:-build-asan}
-  cmake -S . -B "$build_dir" "${common[@]}" -DBAGPIPE_SANITIZE=address,undefined
+  # A unity build (cmake/BagpipeUnity.cmake): the heavy headers parsed once per batch of sources.
+  cmake -S . -B "$build_dir" "${common[@]}" -DBAGPIPE_SANITIZE=address,undefined \
+    -DCMAKE_UNITY_BUILD=ON
   cmake --build "$build_dir" -j "$jobs"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=0
   export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
