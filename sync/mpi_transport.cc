@@ -131,7 +131,8 @@ MpiTransport::MpiTransport(int rank, int size, std::vector<int> node_of_rank,
       size_(size),
       node_of_rank_(std::move(node_of_rank)),
       mailbox_(rank),
-      last_heard_(size, absl::InfinitePast()) {
+      last_heard_(size, absl::InfinitePast()),
+      said_goodbye_(size, 0) {
   if (peer_timeout != absl::InfiniteDuration()) {
     // Every rank starts its heartbeats now (the collectives above ended together on every rank),
     // so rank 0 expects each from now on, and each rank expects rank 0's, instead of waiting to
@@ -215,24 +216,27 @@ void MpiTransport::Heartbeat(absl::Time now, bool draining) {
   // Several heartbeats per silence limit, at most a second apart.
   next_heartbeat_ = now + std::min(limit / 5, absl::Seconds(1));
   CheckLiveness(now);
-  // Once draining, this rank said goodbye: it sends nothing more.
-  if (draining) return;
+  // Once draining, this rank said goodbye: it sends shutdown heartbeats (2) until its shutdown
+  // barrier completes (then one last, 3: see ProgressLoop), so that a rank stopped inside its
+  // own shutdown is named too. A peer that
+  // is done waits in its own shutdown barrier, then in MPI_Finalize (which waits for every
+  // rank), so these small messages still reach it.
   for (int r = 0; r < size_; ++r) {
-    if (Watches(r)) (void)Send(r, kTagHeartbeat, Bytes{0});
+    if (Watches(r)) (void)Send(r, kTagHeartbeat, Bytes{static_cast<uint8_t>(draining ? 2 : 0)});
   }
 }
 
 void MpiTransport::NoteAlive(int source, const Bytes* goodbye, absl::Time now) {
   if (source < 0 || source >= size_ || !Watches(source)) return;
+  if (last_heard_[source] == absl::InfiniteFuture()) return;  // it left its shutdown barrier
+  last_heard_[source] = now;
   if (goodbye != nullptr) {
-    last_heard_[source] = absl::InfiniteFuture();  // never watched again
+    said_goodbye_[source] = 1;
     // It sends nothing more (its earlier messages were delivered before this one): a receive
     // waiting for it fails now instead of at its timeout.
     const std::string why(goodbye->begin() + 1, goodbye->end());
     mailbox_.MarkGone(source, why.empty() ? std::string("it ended (its own log says why)")
                                           : absl::StrCat("it ended with ", why));
-  } else if (last_heard_[source] != absl::InfiniteFuture()) {
-    last_heard_[source] = now;
   }
 }
 
@@ -251,6 +255,13 @@ void MpiTransport::CheckLiveness(absl::Time now) {
     if (now - last <= limit) continue;
     std::string who = describe ? describe(r) : absl::StrCat("rank ", r);
     if (r == 0 && !describe) who = "rank 0 (oracle)";
+    if (said_goodbye_[r]) {
+      Abort(absl::DeadlineExceededError(absl::StrFormat(
+          "%s said goodbye, then sent nothing, not even its shutdown heartbeat, for %s (half the "
+          "peer timeout): its process is stopped or hung in its shutdown",
+          who, absl::FormatDuration(now - last))));
+      return;
+    }
     Abort(absl::DeadlineExceededError(absl::StrFormat(
         "%s has sent nothing, not even its heartbeat, for %s (half the peer timeout): its "
         "process is stopped or hung",
@@ -367,8 +378,12 @@ void MpiTransport::ProgressLoop() {
         it = receiving.erase(it);
         const bool heartbeat = message.tag == kTagHeartbeat;
         if (heartbeat) {
-          const bool goodbye = !message.payload.empty() && message.payload[0] == 1;
-          NoteAlive(message.source, goodbye ? &message.payload : nullptr, absl::Now());
+          const int kind = message.payload.empty() ? 0 : message.payload[0];
+          NoteAlive(message.source, kind == 1 ? &message.payload : nullptr, absl::Now());
+          // It left its shutdown barrier (every rank entered it): it ends, never watched again.
+          if (kind == 3 && Watches(message.source)) {
+            last_heard_[message.source] = absl::InfiniteFuture();
+          }
         } else {
           mailbox_.Deliver(std::move(message));
         }
@@ -384,6 +399,7 @@ void MpiTransport::ProgressLoop() {
       if (!shutdown_started) {
         shutdown_started = true;
         if (MPI_Ibarrier(MPI_COMM_WORLD, &shutdown) != MPI_SUCCESS) break;
+        StopInSetupForTesting("shutdown");
       }
       int done = 0;
       if (MPI_Test(&shutdown, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) break;
@@ -395,8 +411,28 @@ void MpiTransport::ProgressLoop() {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
-  // Every rank's sends completed before it entered the barrier: what is still being received
-  // here has arrived. Nobody reads it any more.
+  // The ranks watching this one stop: it passed the barrier and goes on to MPI_Finalize, which
+  // waits for every rank (a rank still in its barrier would otherwise take this rank's silence
+  // there for a hang of its own). Then the shutdown heartbeats still in flight complete (one
+  // byte each: MPI completes them locally) before their payloads are freed.
+  bool watching = false;
+  {
+    absl::MutexLock lock(&liveness_mu_);
+    watching = silence_limit_ != absl::InfiniteDuration();
+  }
+  if (watching && shutdown_started && aborted().ok()) {
+    for (int r = 0; r < size_; ++r) {
+      if (Watches(r)) (void)Send(r, kTagHeartbeat, Bytes{3});
+    }
+  }
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(10); absl::Now() < give_up;) {
+    bool all_sent = false;
+    CompleteSends(&all_sent);
+    if (all_sent) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  // Every rank's sends completed before it entered the barrier, and the heartbeats since are
+  // one byte: what is still being received here has arrived. Nobody reads it any more.
   for (auto& pending : receiving) MPI_Wait(&pending->request, MPI_STATUS_IGNORE);
 }
 

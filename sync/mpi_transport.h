@@ -54,9 +54,11 @@ class MpiTransport final : public Transport {
   //
   // Liveness runs both ways: rank 0 watches every rank's heartbeats and every rank watches
   // rank 0's, so a stopped rank 0 is named (by the first rank to notice) as well. A rank whose
-  // transport is destroyed says goodbye to the ranks watching it: they stop watching it, and a
-  // Receive from it that finds no message fails at once, naming it and, if set_exit_status was
-  // called, its error (a rank that fails alone cannot keep its peers waiting for its messages).
+  // transport is destroyed says goodbye to the ranks watching it: a Receive from it that finds no
+  // message fails at once, naming it and, if set_exit_status was called, its error (a rank that
+  // fails alone cannot keep its peers waiting for its messages). It goes on sending shutdown
+  // heartbeats until every rank reached the shutdown barrier, and is watched until then: a rank
+  // stopped inside its own shutdown (rank 0 included) is named as well.
   static absl::StatusOr<std::unique_ptr<MpiTransport>> Create(
       absl::Duration peer_timeout = absl::InfiniteDuration(), SetupWatchdog* watchdog = nullptr);
   // Completes outstanding sends (receiving meanwhile), waits until every rank of the job has
@@ -89,9 +91,10 @@ class MpiTransport final : public Transport {
   // Whether this rank watches `rank`'s liveness (rank 0 watches every rank, the others rank 0);
   // those are the ranks it sends its heartbeats and its goodbye to.
   bool Watches(int rank) const;
-  // Progress thread: sends this rank's heartbeats when due (none once `draining`: it said
-  // goodbye), notes a watched `source` alive (a heartbeat or any message; `goodbye` the
-  // payload of its goodbye, null otherwise) and aborts the job when a watched rank went silent.
+  // Progress thread: sends this rank's heartbeats when due (shutdown heartbeats once
+  // `draining`: it said goodbye), notes a watched `source` alive (a heartbeat or any message;
+  // `goodbye` the payload of its goodbye, null otherwise) and aborts the job when a watched rank
+  // went silent.
   void Heartbeat(absl::Time now, bool draining);
   void NoteAlive(int source, const Bytes* goodbye, absl::Time now);
   void CheckLiveness(absl::Time now);
@@ -115,9 +118,11 @@ class MpiTransport final : public Transport {
   std::function<std::string(int)> describe_ ABSL_GUARDED_BY(liveness_mu_);
   absl::Status exit_status_ ABSL_GUARDED_BY(liveness_mu_);
   // Progress thread only: when this rank's next heartbeat is due; when each watched rank was
-  // last heard from (InfinitePast: not heard from yet; InfiniteFuture: said goodbye).
+  // last heard from (InfinitePast: not heard from yet; InfiniteFuture: it left its shutdown
+  // barrier); whether it said goodbye.
   absl::Time next_heartbeat_ = absl::InfinitePast();
   std::vector<absl::Time> last_heard_;
+  std::vector<char> said_goodbye_;
   // Progress thread only: when it last ran Heartbeat (a long gap: this process was stopped).
   absl::Time last_run_ = absl::InfinitePast();
   mutable absl::Mutex abort_mu_;

@@ -56,8 +56,8 @@ std::string RankFromEnvironment();
 // Test-only: when the environment variable BAGPIPE_TEST_STOP_IN_SETUP is "KEY:RANK" and this
 // process is rank RANK of its mpirun job, stops this process (SIGSTOP) at the set-up point
 // named KEY ("init": before MPI_Init; "transport": after it, before the transport's set-up;
-// "started": once the transport is up). Tests use it to stop a peer exactly there. A no-op
-// otherwise; never set in production.
+// "started": once the transport is up; "shutdown": in the transport's shutdown barrier). Tests use
+// it to stop a peer exactly there. A no-op otherwise; never set in production.
 void StopInSetupForTesting(std::string_view key);
 
 }  // namespace bagpipe

@@ -122,6 +122,9 @@ if grep -Eq "has sent nothing" "$WORK/setup_started_0.log" &&
   echo "FAIL rank 0 stopped: a rank other than rank 0 is blamed"
   grep "has sent nothing" "$WORK/setup_started_0.log"; failures=$((failures + 1))
 fi
+# Rank 0 stopped inside its own shutdown barrier, after its goodbye (the job's work is done): the
+# others, waiting in theirs, go on watching its shutdown heartbeats and name it.
+STOP_RANK=0 setup_fault shutdown "rank [1-3] aborts the job: rank 0 \(oracle\) said goodbye, then sent nothing"
 
 # One rank fails alone before the job starts (its data is missing on its machine only: an MPMD
 # launch gives rank 2 another --data). Rank 0 must not wait for its options until the agreement's
