@@ -57,8 +57,9 @@ class MpiTransport final : public Transport {
   // transport is destroyed says goodbye to the ranks watching it: a Receive from it that finds no
   // message fails at once, naming it and, if set_exit_status was called, its error (a rank that
   // fails alone cannot keep its peers waiting for its messages). It goes on sending shutdown
-  // heartbeats until every rank reached the shutdown barrier, and is watched until then: a rank
-  // stopped inside its own shutdown (rank 0 included) is named as well.
+  // heartbeats until its shutdown barrier completes, and is watched until then: rank 0 stopped
+  // inside its own shutdown is named as well. Not detected: another rank stopped inside its
+  // barrier once rank 0's completed (rank 0 then waits in MPI_Finalize, watching nobody).
   static absl::StatusOr<std::unique_ptr<MpiTransport>> Create(
       absl::Duration peer_timeout = absl::InfiniteDuration(), SetupWatchdog* watchdog = nullptr);
   // Completes outstanding sends (receiving meanwhile), waits until every rank of the job has
