@@ -41,7 +41,13 @@ absl::StatusOr<std::unique_ptr<MpiSession>> MpiSession::Init(int* argc, char*** 
   return std::unique_ptr<MpiSession>(new MpiSession(rank, size));
 }
 
-MpiSession::~MpiSession() { MPI_Finalize(); }
+MpiSession::~MpiSession() {
+  SetupWatchdog watchdog(finalize_limit_, RankFromEnvironment(), "shutdown");
+  watchdog.Enter(
+      "MPI_Finalize (which waits for every rank of the job to end; a rank stopped or hung after it "
+      "entered the transport's shutdown barrier holds it)");
+  MPI_Finalize();
+}
 
 struct MpiTransport::PendingSend {
   Bytes payload;
@@ -444,6 +450,7 @@ absl::StatusOr<MpiJob> StartMpiJob(absl::Duration peer_timeout) {
   int argc = 0;
   char** argv = nullptr;
   ASSIGN_OR_RETURN(job.session, MpiSession::Init(&argc, &argv));
+  job.session->BoundFinalize(peer_timeout);
   StopInSetupForTesting("transport");
   ASSIGN_OR_RETURN(job.transport, MpiTransport::Create(peer_timeout, &watchdog));
   // From here rank 0 watches every rank's heartbeats.

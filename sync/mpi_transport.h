@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "sync/transport.h"
 
 namespace bagpipe {
@@ -28,14 +29,24 @@ bool LaunchedByMpirun();
 class MpiSession {
  public:
   static absl::StatusOr<std::unique_ptr<MpiSession>> Init(int* argc, char*** argv);
+  // MPI_Finalize, which waits for every rank of the job (Open MPI's ends with a fence); bounded
+  // by the limit set with BoundFinalize.
   ~MpiSession();
   int rank() const { return rank_; }
   int size() const { return size_; }
+
+  // Bounds this process's MPI_Finalize by `limit` (a SetupWatchdog of the shutdown stage): once
+  // the transport has stopped, nothing watches the peers, and a rank stopped or hung after it
+  // entered the transport's shutdown barrier (so that the others' barriers completed) would keep
+  // every other rank in MPI_Finalize forever. Past the limit this process prints one line naming
+  // itself and the phase and ends with exit status 1, and mpirun ends the job. Default: no bound.
+  void BoundFinalize(absl::Duration limit) { finalize_limit_ = limit; }
 
  private:
   MpiSession(int rank, int size) : rank_(rank), size_(size) {}
   int rank_;
   int size_;
+  absl::Duration finalize_limit_ = absl::InfiniteDuration();
 };
 
 class SetupWatchdog;
@@ -58,8 +69,9 @@ class MpiTransport final : public Transport {
   // message fails at once, naming it and, if set_exit_status was called, its error (a rank that
   // fails alone cannot keep its peers waiting for its messages). It goes on sending shutdown
   // heartbeats until its shutdown barrier completes, and is watched until then: rank 0 stopped
-  // inside its own shutdown is named as well. Not detected: another rank stopped inside its
-  // barrier once rank 0's completed (rank 0 then waits in MPI_Finalize, watching nobody).
+  // inside its own shutdown is named as well. Another rank stopped inside its barrier once the
+  // others' completed is not seen here (they wait in MPI_Finalize, watching nobody): a session
+  // whose MPI_Finalize is bounded (MpiSession::BoundFinalize, as StartMpiJob sets) ends then.
   static absl::StatusOr<std::unique_ptr<MpiTransport>> Create(
       absl::Duration peer_timeout = absl::InfiniteDuration(), SetupWatchdog* watchdog = nullptr);
   // Completes outstanding sends (receiving meanwhile), waits until every rank of the job has
@@ -139,7 +151,9 @@ struct MpiJob {
 // MPI_Init and MpiTransport::Create(peer_timeout), each phase bounded by a SetupWatchdog of
 // `peer_timeout`: a rank stopped, hung or dead during the job's start ends the job with an error
 // naming the phase (and, from the roll call on, the missing ranks) instead of hanging it. The
-// watchdog is disarmed once the transport's heartbeats watch the peers.
+// watchdog is disarmed once the transport's heartbeats watch the peers. The session's
+// MPI_Finalize is bounded by `peer_timeout` too (MpiSession::BoundFinalize): destroy the
+// transport first, then the session (MpiJob's members do so in their declaration order).
 absl::StatusOr<MpiJob> StartMpiJob(absl::Duration peer_timeout);
 
 }  // namespace bagpipe

@@ -47,8 +47,8 @@ void StopInSetupForTesting(std::string_view key) {
   ::raise(SIGSTOP);
 }
 
-SetupWatchdog::SetupWatchdog(absl::Duration limit, std::string who)
-    : limit_(limit), who_(std::move(who)) {
+SetupWatchdog::SetupWatchdog(absl::Duration limit, std::string who, std::string stage)
+    : limit_(limit), who_(std::move(who)), stage_(std::move(stage)) {
   if (limit_ == absl::InfiniteDuration() || limit_ <= absl::ZeroDuration()) return;
   thread_ = std::thread([this] { Watch(); });
 }
@@ -84,8 +84,8 @@ void SetupWatchdog::Watch() {
     // Nothing here may wait for anything: print and end the process; mpirun ends the job.
     const std::string message = absl::StrCat(
         "bagpipe: error: ", who_, " waited ", absl::FormatDuration(absl::Now() - entered_),
-        " (the limit is --peer-timeout, ", absl::FormatDuration(limit_), ") in the job's set-up, ",
-        phase_,
+        " (the limit is --peer-timeout, ", absl::FormatDuration(limit_), ") in the job's ", stage_,
+        ", ", phase_,
         ": a rank of the job is stopped, hung or died before reaching it; this rank ends (exit "
         "1) so that mpirun ends the job\n");
     std::fputs(message.c_str(), stderr);

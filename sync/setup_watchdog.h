@@ -1,10 +1,12 @@
-// A bound on the start of an mpirun job. MPI_Init and the transport's set-up collectives wait
-// for every rank of the job, and the transport's heartbeats (MpiTransport, --peer-timeout) only
-// run once it is up: a rank stopped (SIGSTOP), hung or dead before or inside them would leave
-// every other rank waiting forever. A SetupWatchdog is armed before MPI_Init and told which
-// phase of the set-up this process is in; when one phase lasts longer than the limit, it prints
-// one line naming this rank, the phase and the limit on stderr and ends the process with exit
-// status 1 (_exit: no MPI call can be trusted to return then). mpirun then ends the whole job.
+// A bound on the start and the end of an mpirun job. MPI_Init and the transport's set-up
+// collectives wait for every rank of the job, and the transport's heartbeats (MpiTransport,
+// --peer-timeout) only run once it is up: a rank stopped (SIGSTOP), hung or dead before or inside
+// them would leave every other rank waiting forever. The same holds at the end for MPI_Finalize,
+// which waits for every rank, once the transport (and its heartbeats) has stopped. A
+// SetupWatchdog is armed before MPI_Init (or MPI_Finalize) and told which phase this process is
+// in; when one phase lasts longer than the limit, it prints one line naming this rank, the stage,
+// the phase and the limit on stderr and ends the process with exit status 1 (_exit: no MPI call
+// can be trusted to return then). mpirun then ends the whole job.
 //
 // Thread-safety: Enter and Disarm are called by one thread; the watchdog's own thread only
 // waits and, when a phase overran, ends the process.
@@ -22,9 +24,10 @@ namespace bagpipe {
 
 class SetupWatchdog {
  public:
-  // `who` names this process in the message ("rank 3 of 4"). An infinite or non-positive
-  // `limit` watches nothing.
-  SetupWatchdog(absl::Duration limit, std::string who);
+  // `who` names this process in the message ("rank 3 of 4"), `stage` the part of the job the
+  // phases belong to ("set-up", "shutdown"). An infinite or non-positive `limit` watches
+  // nothing.
+  SetupWatchdog(absl::Duration limit, std::string who, std::string stage = "set-up");
   // Disarms.
   ~SetupWatchdog();
   SetupWatchdog(const SetupWatchdog&) = delete;
@@ -41,6 +44,7 @@ class SetupWatchdog {
 
   const absl::Duration limit_;
   const std::string who_;
+  const std::string stage_;
   absl::Mutex mu_;
   absl::CondVar changed_;
   std::string phase_ ABSL_GUARDED_BY(mu_);

@@ -6,7 +6,8 @@
 #  - a trainer killed mid-run, and a trainer or a server that hangs, end the job with a clear
 #    error naming the silent rank within the peer timeout instead of hanging; so does a rank
 #    stopped during the job's set-up (in MPI_Init, before the transport, once it is up; rank 0
-#    too, named by the others); a rank failing alone before the start ends the job at once,
+#    too, named by the others) or inside its shutdown barrier (then the others' MPI_Finalize is
+#    bounded); a rank failing alone before the start ends the job at once,
 #    naming it and its error.
 # Usage: mpi_train_test.sh BAGPIPE_BINARY MPIEXEC
 set -u
@@ -125,6 +126,11 @@ fi
 # Rank 0 stopped inside its own shutdown barrier, after its goodbye (the job's work is done): the
 # others, waiting in theirs, go on watching its shutdown heartbeats and name it.
 STOP_RANK=0 setup_fault shutdown "rank [1-3] aborts the job: rank 0 \(oracle\) said goodbye, then sent nothing"
+# A trainer (rank 3) or the server (rank 1) stopped inside its shutdown barrier: the ranks whose
+# barriers completed wait in MPI_Finalize, bounded by the peer timeout as well; a rank still in
+# its barrier names the stopped one.
+STOP_RANK=3 setup_fault shutdown "rank [0-2] of 4 waited .* in the job's shutdown, MPI_Finalize|rank 3( \([a-z]+ [0-9]+\))? said goodbye, then sent nothing"
+STOP_RANK=1 setup_fault shutdown "rank [023] of 4 waited .* in the job's shutdown, MPI_Finalize|rank 1( \([a-z]+ [0-9]+\))? said goodbye, then sent nothing"
 
 # One rank fails alone before the job starts (its data is missing on its machine only: an MPMD
 # launch gives rank 2 another --data). Rank 0 must not wait for its options until the agreement's
