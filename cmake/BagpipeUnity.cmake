@@ -1,6 +1,7 @@
-# Unity builds (-DCMAKE_UNITY_BUILD=ON; scripts/sanitize.sh asan uses one): CMake compiles each
-# target's sources in batches, one translation unit per batch, so the heavy headers (Abseil,
-# nlohmann/json, GoogleTest, oneTBB) are parsed once per batch instead of once per file.
+# Unity builds (-DCMAKE_UNITY_BUILD=ON; scripts/test.sh and scripts/sanitize.sh asan use one):
+# CMake compiles each target's sources in batches, one translation unit per batch, so the heavy
+# headers (Abseil, nlohmann/json, GoogleTest, oneTBB) are parsed once per batch instead of once
+# per file.
 # Included at the end of the top-level CMakeLists.txt, once every directory is added. The files
 # below define a name in an anonymous namespace that another file compiled in the same target
 # also defines (a constant or helper of the same name): they are compiled on their own, in every

@@ -3,7 +3,7 @@
 # Exits non-zero on any failure. Usage: scripts/test.sh [extra cmake -D options]
 #   BUILD_DIR (default build), JOBS (default: all cores) may be set in the environment, and
 #   UNITY (default ON: a unity build, cmake/BagpipeUnity.cmake, which compiles the whole tree in
-#   about two thirds of the time; OFF: every source file on its own, as an IDE build does).
+#   about three quarters of the time; OFF: every source file on its own, as an IDE build does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
