@@ -82,16 +82,20 @@ void Planner::Impl::MarkNow(Iteration i, int table, int32_t flag) {
 void Planner::Impl::Expire(int table, Iteration i) {
   GlobalTable& gt = globals_[table];
   const Iteration limit = i - horizon_;
-  size_t due = 0;
-  while (due < gt.expiry.size() && gt.expiry[due].pushed < limit) ++due;
+  // Walked with iterators: indexing a deque of 24-byte entries divides by its block's entry count.
+  const auto begin = gt.expiry.begin();
+  auto end = begin;
+  while (end != gt.expiry.end() && end->pushed < limit) ++end;
   // Records and index entries prefetched ahead: each is a miss, and the index entry is erased.
-  for (size_t k = 0; k < due; ++k) {
-    if (k + kAhead < due) {
-      const oracle_internal::Expiry& ahead = gt.expiry[k + kAhead];
-      __builtin_prefetch(&gt.rows[ahead.handle]);
-      gt.index.Prefetch(ahead.id);
+  auto ahead = begin;
+  for (size_t k = 0; k < kAhead && ahead != end; ++k) ++ahead;
+  for (auto it = begin; it != end; ++it) {
+    if (ahead != end) {
+      __builtin_prefetch(&gt.rows[ahead->handle]);
+      gt.index.Prefetch(ahead->id);
+      ++ahead;
     }
-    const oracle_internal::Expiry& e = gt.expiry[k];
+    const oracle_internal::Expiry& e = *it;
     const GlobalRow& g = gt.rows[e.handle];
     // The record may have been freed (and reused) since; it is forgotten only if it is still
     // this row's, nobody holds it and its stamp is older than the horizon.
@@ -100,7 +104,7 @@ void Planner::Impl::Expire(int table, Iteration i) {
       gt.rows.Free(e.handle);
     }
   }
-  gt.expiry.erase(gt.expiry.begin(), gt.expiry.begin() + static_cast<std::ptrdiff_t>(due));
+  gt.expiry.erase(begin, end);
 }
 
 void Planner::Impl::Merge(int table, Iteration i) {
@@ -196,6 +200,10 @@ void Planner::Impl::Consistency(int table, Iteration i) {
   WindowBatch& wb = window(i);
   const size_t trainers = static_cast<size_t>(trainers_);
   const uint32_t* const handles = sync.handles.data();
+  // The `now` flags of the previous iteration, set here for rows shared then (MarkNow without
+  // its window lookup, a division, in the loops below). Only read when a row's shared_iter is
+  // i - 1, which no row has at i = 0; iteration i - 1 is not released yet (emit lag >= 1).
+  uint8_t* const now_prev = i > 0 ? window(i - 1).now[static_cast<size_t>(table)].data() : nullptr;
 
   // a. Evictions. The lowest-id trainer evicting a row at this boundary decides for all.
   for (int t = 0; t < trainers_; ++t) {
@@ -217,7 +225,7 @@ void Planner::Impl::Consistency(int table, Iteration i) {
         g.dirty = false;
         ++sync.write_backs;
       }
-      if (g.shared_iter == i - 1) MarkNow(i - 1, table, g.shared_index);
+      if (g.shared_iter == i - 1) now_prev[g.shared_index] = 1;
       g.holders = remaining;
       g.evicting = 0;
       if (remaining == 0) gt.expiry.push_back({i, v.global, g.id});
@@ -288,7 +296,7 @@ void Planner::Impl::Consistency(int table, Iteration i) {
   for (size_t q = 0; q < merged; ++q) {
     if (q + kAhead < merged) __builtin_prefetch(&gt.rows[handles[q + kAhead]], 1);
     GlobalRow& g = gt.rows[handles[q]];
-    if (hit[q] != 0 && g.shared_iter == i - 1) MarkNow(i - 1, table, g.shared_index);
+    if (hit[q] != 0 && g.shared_iter == i - 1) now_prev[g.shared_index] = 1;
     g.last_touch = static_cast<int32_t>(i);
     g.dirty = true;
     const uint64_t held = g.holders;
