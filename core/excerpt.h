@@ -13,10 +13,10 @@ namespace bagpipe {
 
 inline constexpr size_t kExcerptBytes = 40;
 
-// At most the first `max_bytes` bytes of `text`, C-escaped (\r, \n, \t, \", \', \\; every
-// other byte outside printable ASCII — NUL, other control characters, UTF-8 sequences — as
-// \xNN), followed by "... (N bytes)" when `text` was cut. The result holds printable ASCII only
-// and is at most about 4 * max_bytes + 30 bytes long.
+// The start of `text`, C-escaped (\r, \n, \t, \", \', \\; every other byte outside printable
+// ASCII — NUL, other control characters, UTF-8 sequences — as \xNN) and cut to at most
+// `max_bytes` escaped bytes, followed by "... (N bytes)" when `text` was cut. The result holds
+// printable ASCII only and is at most max_bytes + 30 bytes long, whatever bytes `text` holds.
 std::string Excerpt(absl::string_view text, size_t max_bytes = kExcerptBytes);
 
 }  // namespace bagpipe

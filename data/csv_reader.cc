@@ -133,13 +133,17 @@ absl::StatusOr<int> FindColumn(const std::vector<std::string>& header, absl::str
   for (size_t c = 0; c < header.size(); ++c) {
     if (header[c] == name) return static_cast<int>(c);
   }
-  // The header may be hostile too: list a few columns, each cut short.
-  constexpr size_t kListed = 20;
+  // The header may be hostile too: list the first columns, each cut short, up to a total length.
+  constexpr size_t kListedBytes = 600;
   std::vector<std::string> listed;
-  for (size_t c = 0; c < std::min(header.size(), kListed); ++c) {
+  size_t listed_bytes = 0;
+  for (size_t c = 0; c < header.size() && listed_bytes < kListedBytes; ++c) {
     listed.push_back(absl::StrCat("'", Excerpt(header[c]), "'"));
+    listed_bytes += listed.back().size() + 2;
   }
-  if (header.size() > kListed) listed.push_back(absl::StrCat("... (", header.size(), " columns)"));
+  if (header.size() > listed.size()) {
+    listed.push_back(absl::StrCat("... (", header.size(), " columns)"));
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("csv spec clause '", Excerpt(clause, 200), "': unknown column '", Excerpt(name),
                    "' (the header has: ", absl::StrJoin(listed, ", "), ")"));

@@ -63,6 +63,11 @@ TEST(ExcerptTest, ShortEscapedAndCut) {
   std::string all;
   for (int c = 0; c < 256; ++c) all.push_back(static_cast<char>(c));
   for (char c : Excerpt(all, 256)) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << static_cast<int>(c);
+  // The bound holds for the escaped form: bytes that escape to four characters are cut sooner.
+  EXPECT_EQ(Excerpt(std::string(1000, '\xff'), 10), "\\xff\\xff... (1000 bytes)");
+  EXPECT_EQ(Excerpt("ab\x01", 6), "ab\\x01");
+  EXPECT_EQ(Excerpt("ab\x01", 5), "ab... (3 bytes)");
+  EXPECT_LE(Excerpt(all, 256).size(), 256u + 30);
 }
 
 TEST(ChecksTest, MpiErrorsNameTheCallAndLocation) {

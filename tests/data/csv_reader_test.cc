@@ -313,6 +313,15 @@ TEST(CsvReaderTest, EchoedValuesAreShortAndEscaped) {
   EXPECT_THAT(status.message(), HasSubstr("unknown column 'nosuch'"));
   EXPECT_THAT(status.message(), HasSubstr("... (1000 columns)"));
   EXPECT_LT(status.message().size(), 2000u);
+  // Bytes that escape to four characters each, in the header and in the clause (a fuzzer's find).
+  const std::string bytes(1000, '\xff');
+  header.clear();
+  for (int c = 0; c < 1000; ++c) absl::StrAppend(&header, c ? "," : "", bytes);
+  status = OpenCsv(WriteFile("bytes.csv", header + "\n"), Spec("label=labe" + bytes)).status();
+  EXPECT_THAT(status.message(), HasSubstr("unknown column 'labe\\xff"));
+  EXPECT_THAT(status.message(), HasSubstr("... (1000 columns)"));
+  EXPECT_LT(status.message().size(), 2000u);
+  for (const char c : status.message()) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << static_cast<int>(c);
 }
 
 TEST(CsvReaderTest, LinesLongerThanTheLimitAreRefused) {
