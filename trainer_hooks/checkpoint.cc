@@ -214,9 +214,19 @@ absl::Status MatchIdentity(const nlohmann::json& checkpoint, const nlohmann::jso
     }
   }
   if (differences.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("checkpoint ", checkpoint_path, " does not match this job: ",
-                   absl::StrJoin(differences, "; "), " (they must be the same to resume)"));
+  // A damaged or foreign manifest may differ in any number of keys: name the first ones, up to a
+  // total length.
+  constexpr size_t kShownBytes = 600;
+  size_t shown = 0;
+  for (size_t bytes = 0; shown < differences.size() && bytes < kShownBytes; ++shown) {
+    bytes += differences[shown].size() + 2;
+  }
+  const size_t more = differences.size() - shown;
+  differences.resize(shown);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint ", checkpoint_path,
+      " does not match this job: ", absl::StrJoin(differences, "; "),
+      more > 0 ? absl::StrCat("; and ", more, " more") : "", " (they must be the same to resume)"));
 }
 
 nlohmann::json CheckpointIdentity(const JobLayout& layout, int dim, const nlohmann::json& optimizer,

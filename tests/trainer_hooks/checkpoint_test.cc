@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "data/synthetic.h"
 #include "gmock/gmock.h"
@@ -70,6 +71,12 @@ TEST(CheckpointIdentityTest, NamesTheOptionAndBothValues) {
   other["--model"] = "dlrm";
   EXPECT_THAT(std::string(MatchIdentity(kIdentity, other, "ck").message()),
               HasSubstr("option --model is (not set) in the checkpoint and \"dlrm\" here"));
+  // A foreign manifest that differs in every one of a thousand long options: a short message.
+  nlohmann::json foreign;
+  for (int k = 0; k < 1000; ++k) foreign[absl::StrCat("--", std::string(100, 'k'), k)] = k;
+  const absl::Status many = MatchIdentity(foreign, kIdentity, "ck");
+  EXPECT_THAT(std::string(many.message()), HasSubstr(" more (they must be the same to resume)"));
+  EXPECT_LT(many.message().size(), 2000u);
 }
 
 TEST(CheckpointDirTest, HoldsOnlyThisJobsCheckpoints) {
@@ -227,7 +234,7 @@ struct JobRun {
 
 // `stop_after`: polls of stop_requested after which it says SIGTERM (-1: never).
 JobRun Train(const std::string& policy, int trainers, int iterations, CheckpointOptions checkpoint,
-          int stop_after = -1) {
+             int stop_after = -1) {
   JobRun run;
   auto config = ParseSyntheticConfig(kData);
   auto source = OpenSynthetic(*config, SourceOptions{});
