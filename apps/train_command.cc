@@ -65,9 +65,18 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
   loop.model.num_dense = schema.num_dense();
   loop.model.num_tables = schema.num_tables();
   loop.model.dim = config.dim;
-  const std::string bottom =
-      flags.bottom.empty() ? absl::StrCat(schema.num_dense(), "-64-", config.dim) : flags.bottom;
-  ASSIGN_OR_RETURN(loop.model.bottom, ParseLayers(bottom));
+  if (flags.model == "dlrm" && schema.num_dense() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model dlrm: ", data.description,
+        " has no dense features, and the DLRM's bottom MLP needs at least one (name dense "
+        "columns in --schema, or use --model logreg)"));
+  }
+  // The MLPs (--model logreg has none, and takes data without dense features: no bottom MLP).
+  if (schema.num_dense() > 0 || !flags.bottom.empty()) {
+    const std::string bottom =
+        flags.bottom.empty() ? absl::StrCat(schema.num_dense(), "-64-", config.dim) : flags.bottom;
+    ASSIGN_OR_RETURN(loop.model.bottom, ParseLayers(bottom));
+  }
   ASSIGN_OR_RETURN(loop.model.top, ParseLayers(flags.top));
   loop.model.seed = config.seed;
   loop.model.deterministic = config.deterministic;

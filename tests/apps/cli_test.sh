@@ -134,6 +134,17 @@ expect_error nan_peer_timeout "--peer-timeout nan: must be a positive, finite" \
   train "${SHORT[@]}" --peer-timeout nan
 expect_error zero_peer_timeout "--peer-timeout 0: must be a positive, finite" \
   train "${SHORT[@]}" --peer-timeout 0
+# Data without dense features: the DLRM refuses it by name (its bottom MLP needs one); the
+# embedding-only model trains on it.
+NO_DENSE_SCHEMA='label=rating>3.5; sparse=userId,movieId'
+expect_error no_dense_dlrm "--model dlrm: .* has no dense features.*--model logreg" \
+  train --data "$MOVIELENS" --schema "$NO_DENSE_SCHEMA" --quiet
+expect_ok no_dense_logreg train --data "$MOVIELENS" --schema "$NO_DENSE_SCHEMA" --model logreg \
+  --batch-size 2048 --iterations 10 --dim 8 --cache oracle --cache-rows 4000 --trainers 2 \
+  --quiet --out "$WORK/no_dense"
+if [[ -f "$WORK/no_dense/summary.json" ]] && ! did_its_work "$WORK/no_dense/summary.json"; then
+  failures=$((failures + 1))
+fi
 expect_error schema_with_criteo "--schema applies to csv: sources only; 'criteo:'" \
   train --data "$CRITEO" --schema "label=x" --quiet
 expect_error metrics_is_summary "--metrics-out and --summary-json name the same file '.*/same.json'" \
