@@ -1,9 +1,12 @@
 """The same torch.nn DLRM trained through bagpipe equals the pure-PyTorch model with
 nn.EmbeddingBag tables started from the same parameters: the loss of every one of 20 iterations
-agrees within 1e-6 (relative), with SGD and with Adagrad (same eps on both sides; lr 0.01, where
-float rounding does not dominate Adagrad's first steps); so does the embedding-only head
-(--model logreg) against nn.Linear. The batches come from a Python iterable (per-table ids with
-nn.EmbeddingBag-style offsets), which the oracle reads ahead on its thread."""
+agrees within 1e-6 (relative), with SGD, with Adagrad (same eps on both sides; lr 0.01, where
+float rounding does not dominate Adagrad's first steps) and with row-wise Adagrad (written out
+below from its textbook rule, as PyTorch has none), with one trainer and with several (threads
+of one job, each on its shard of the global batch, whose losses add up to the full batch's);
+so does the embedding-only head (--model logreg) against nn.Linear. The batches come from a
+Python iterable (per-table ids with nn.EmbeddingBag-style offsets), which the oracle reads
+ahead on its thread."""
 
 import numpy as np
 import pytest
@@ -40,16 +43,41 @@ def loss_of(logits, labels, global_batch):
         logits, labels, reduction="sum") / global_batch
 
 
+class RowwiseAdagrad(torch.optim.Optimizer):
+    """Row-wise Adagrad on whole tables (FBGEMM's ROWWISE_ADAGRAD): per row r,
+    s_r += mean(g_r ** 2), then w_r -= lr * g_r / (sqrt(s_r) + eps). A row the batch does not
+    touch has g_r = 0 and stays as it is."""
+
+    def __init__(self, params, lr, eps):
+        super().__init__(params, {"lr": lr, "eps": eps})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "sum" not in state:
+                    state["sum"] = torch.zeros(p.shape[0])
+                state["sum"] += (p.grad * p.grad).mean(dim=1)
+                p -= group["lr"] * p.grad / (state["sum"].sqrt() + group["eps"]).unsqueeze(1)
+
+
 def torch_optimizer(params, kind, lr, eps):
     if kind == "sgd":
         return torch.optim.SGD(params, lr=lr)
+    if kind == "rowwise-adagrad":
+        return RowwiseAdagrad(params, lr=lr, eps=eps)
     return torch.optim.Adagrad(params, lr=lr, eps=eps)
 
 
 def bagpipe_losses(example, config, schema, batches, model_name="dlrm"):
+    """The global batch's loss at every iteration (the sum of the trainers' shard losses, each
+    already divided by the global batch size) and every trainer's stats."""
     flags = {"model": model_name, "bottom": f"{NUM_DENSE}-16-{DIM}", "top": "16-1"}
-    with bagpipe.Job(config, data=batches, schema=schema) as job:
-        (trainer,) = job.trainers
+
+    def train(trainer):
         model = example.build_model(flags, trainer, len(TABLE_ROWS), NUM_DENSE, DIM, config.seed)
         dense = config.dense_optimizer_config()
         optimizer = torch_optimizer(model.parameters(), dense["optimizer"], dense["lr"],
@@ -59,13 +87,20 @@ def bagpipe_losses(example, config, schema, batches, model_name="dlrm"):
             loss = loss_of(model(batch.dense, batch), batch.labels, batch.global_batch_size)
             optimizer.zero_grad()
             loss.backward()
+            trainer.all_reduce_gradients(model.parameters())
             optimizer.step()
             losses.append(loss.item())
         trainer.flush()
         stats = trainer.stats()
         trainer.complete(dense=list(model.parameters()))
+        return losses, stats
+
+    with bagpipe.Job(config, data=batches, schema=schema) as job:
+        results = job.run_trainers(train)
         job.finish()
-    return losses, stats
+    assert len(results) == (config.trainers or 1)  # 0: the default, one trainer
+    losses = [sum(shard) for shard in zip(*(losses for losses, _ in results))]
+    return losses, [stats for _, stats in results]
 
 
 class LinearLogReg(torch.nn.Module):
@@ -88,7 +123,9 @@ def torch_losses(example, config, schema, batches, model_name="dlrm"):
     if model_name == "logreg":
         model = LinearLogReg(model.linear, tables)
     dense = [p for name, p in model.named_parameters() if not name.startswith("embeddings.")]
-    optimizer = torch_optimizer(dense, config.optimizer, config.lr, config.eps)
+    # The MLPs of a row-wise Adagrad job use plain Adagrad (docs/defaults.md).
+    dense_kind = "adagrad" if config.optimizer == "rowwise-adagrad" else config.optimizer
+    optimizer = torch_optimizer(dense, dense_kind, config.lr, config.eps)
     sparse = torch_optimizer(tables.parameters(), config.optimizer, config.lr, config.eps)
     losses = []
     for b in batches:
@@ -105,20 +142,27 @@ def torch_losses(example, config, schema, batches, model_name="dlrm"):
     return losses
 
 
-@pytest.mark.parametrize("optimizer,lr,cache", [("sgd", 0.1, "oracle"), ("adagrad", 0.01, "lru"),
-                                                ("adagrad", 0.01, "oracle")])
-def test_bagpipe_equals_pure_pytorch(example, optimizer, lr, cache):
+@pytest.mark.parametrize("optimizer,lr,cache,trainers", [
+    ("sgd", 0.1, "oracle", 1), ("adagrad", 0.01, "lru", 1), ("adagrad", 0.01, "oracle", 1),
+    ("rowwise-adagrad", 0.01, "oracle", 1), ("sgd", 0.1, "oracle", 3),
+    ("adagrad", 0.01, "oracle", 2), ("rowwise-adagrad", 0.01, "lru", 2)])
+def test_bagpipe_equals_pure_pytorch(example, optimizer, lr, cache, trainers):
     torch.set_num_threads(1)
     config = bagpipe.Config(batch_size=BATCH, cache=cache, cache_rows=700, lookahead=5, dim=DIM,
-                            optimizer=optimizer, lr=lr, eps=1e-10, seed=3, deterministic=True)
+                            optimizer=optimizer, lr=lr, eps=1e-10, seed=3, deterministic=True,
+                            trainers=trainers)
     schema = bagpipe.Schema(table_rows=TABLE_ROWS, num_dense=NUM_DENSE)
     batches = make_batches(seed=11)
     ours, stats = bagpipe_losses(example, config, schema, batches)
     theirs = torch_losses(example, config, schema, batches)
     assert len(ours) == len(theirs) == ITERATIONS
-    assert stats["hits"] > 0 and stats["fills"] > 0  # the cache held rows between iterations
+    for s in stats:
+        assert s["hits"] > 0 and s["fills"] > 0  # the cache held rows between iterations
+        if trainers > 1:
+            assert s["exchanged_rows"] > 0  # and the trainers exchanged shared rows' gradients
     worst = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
-    assert worst <= 1e-6, f"{optimizer}: losses differ by {worst:.2e} (relative)\n{ours}\n{theirs}"
+    assert worst <= 1e-6, (f"{optimizer}, {trainers} trainer(s): losses differ by {worst:.2e} "
+                           f"(relative)\n{ours}\n{theirs}")
     assert ours[-1] < ours[0]  # and it learns
 
 
@@ -131,7 +175,7 @@ def test_logreg_head_equals_nn_linear(example):
                             deterministic=True)
     schema = bagpipe.Schema(table_rows=TABLE_ROWS, num_dense=NUM_DENSE)
     batches = make_batches(seed=11)
-    ours, stats = bagpipe_losses(example, config, schema, batches, "logreg")
+    ours, (stats,) = bagpipe_losses(example, config, schema, batches, "logreg")
     theirs = torch_losses(example, config, schema, batches, "logreg")
     assert len(ours) == len(theirs) == ITERATIONS
     assert stats["hits"] > 0 and stats["fills"] > 0
