@@ -505,10 +505,19 @@ absl::Status Planner::Impl::Finish() {
   RETURN_IF_ERROR(status_);
   if (finished_) return absl::FailedPreconditionError("Planner::Finish called twice");
   finished_ = true;
-  absl::Status status;
-  while (status.ok() && next_plan_ < pushed_) status = PlanNext();
-  status_ = status;
-  RETURN_IF_ERROR(status);
+  return absl::OkStatus();
+}
+
+absl::Status Planner::Impl::PlanTail() {
+  // One iteration at a time, as Pop needs them: planning the whole window's tail at once would
+  // hold a window of plans (gigabytes at Criteo sizes with several trainers) and keep the
+  // trainers waiting until the last one is planned.
+  while (ready_.empty() && next_plan_ < pushed_) {
+    status_ = PlanNext();
+    RETURN_IF_ERROR(status_);
+  }
+  if (!ready_.empty() || next_release_ == next_plan_) return absl::OkStatus();
+  // Every iteration is planned; the last ones wait for their release.
   if (next_plan_ > 0) {
     // The Drain plans extract every row at the boundary after the last iteration.
     for (std::vector<uint8_t>& flags : window(next_plan_ - 1).now) {
@@ -526,6 +535,7 @@ absl::Status Planner::Impl::Finish() {
 
 absl::StatusOr<std::optional<std::vector<TrainerPlan>>> Planner::Impl::Pop() {
   RETURN_IF_ERROR(status_);
+  if (finished_) RETURN_IF_ERROR(PlanTail());
   if (ready_.empty()) return std::optional<std::vector<TrainerPlan>>();
   std::vector<TrainerPlan> plans = std::move(ready_.front());
   ready_.pop_front();
@@ -627,7 +637,7 @@ void Planner::Impl::SparePlanningBuffers(Iteration i) {
 
 absl::StatusOr<std::vector<TrainerPlan>> Planner::Impl::Drain() {
   RETURN_IF_ERROR(status_);
-  if (!finished_ || !ready_.empty()) {
+  if (!finished_ || !ready_.empty() || next_release_ < pushed_) {
     return absl::FailedPreconditionError(
         "Planner::Drain needs Finish() and every iteration popped first");
   }

@@ -235,12 +235,15 @@ class Planner {
   // vectors keep the capacity of the ones the planner no longer needs, for the caller's next
   // read: a loader that reads into it allocates nothing in the steady state.
   absl::Status Push(Batch global_batch, Batch* spent = nullptr);
-  // No more batches: plans the remaining iterations (their windows end at the stream's end).
+  // No more batches: the remaining iterations' windows end at the stream's end. Pop plans them
+  // one at a time as it reaches them (planning them all at once would hold a whole window of
+  // plans, and keep the trainers waiting for the last one).
   absl::Status Finish();
 
   // The plans of the next iteration (one per trainer, in trainer order) once they are released;
   // nullopt when more batches must be pushed first, or, after Finish(), when every iteration has
-  // been popped.
+  // been popped. After Finish() it plans the next iteration first when none is ready, and
+  // returns the error if that planning fails (as Push would have).
   absl::StatusOr<std::optional<std::vector<TrainerPlan>>> Pop();
 
   // Optional: hands popped plans back once the caller is done with them (sent, executed), so

@@ -515,6 +515,8 @@ class Planner::Impl {
   void Link(int trainer, int table, const Batch& batch, WindowBatch& wb);
   void BuildLocalBatch(Batch& batch, WindowBatch& wb);
   absl::Status PlanNext();
+  // After Finish: plans and releases iterations until one is ready to pop or none is left.
+  absl::Status PlanTail();
   void Release(Iteration i);
   TrainerPlan DrainPlan(int trainer) const;
 

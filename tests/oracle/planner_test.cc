@@ -278,6 +278,41 @@ TEST(PlannerTest, RecyclingPlansAndBatchesGivesTheSamePlans) {
   }
 }
 
+TEST(PlannerTest, FinishLeavesTheTailToPopOneIterationAtATime) {
+  // Lookahead 4, two trainers: after Finish, the last four iterations are planned as Pop
+  // reaches them, not all at once (which would hold a window of plans).
+  auto planner = Planner::Create(Options(OneTable(10), CachePolicy::kOracle, 4, 4, 2));
+  ASSERT_TRUE(planner.ok());
+  for (int b = 0; b < 6; ++b) {
+    ASSERT_TRUE((*planner)->Push(MakeBatch(b, {{b % 3}, {b % 3 + 1}})).ok());
+  }
+  auto planned = [&] { return (*planner)->stats()[PlannerCounter::kIterations]; };
+  int popped = 0;
+  while (true) {
+    auto plans = (*planner)->Pop();
+    ASSERT_TRUE(plans.ok());
+    if (!plans->has_value()) break;
+    ++popped;
+  }
+  EXPECT_EQ(planned(), 3);  // 6 - lookahead + 1: the windows complete before Finish
+  ASSERT_TRUE((*planner)->Finish().ok());
+  EXPECT_EQ(planned(), 3);
+  auto next = (*planner)->Pop();
+  ASSERT_TRUE(next.ok() && next->has_value());
+  EXPECT_EQ((**next)[0].iteration, popped);
+  EXPECT_LE(planned(), popped + 1 + 2);  // at most the emit lag (2) ahead of what is released
+  EXPECT_LT(planned(), 6);
+  for (++popped; true; ++popped) {
+    auto plans = (*planner)->Pop();
+    ASSERT_TRUE(plans.ok());
+    if (!plans->has_value()) break;
+    EXPECT_EQ((**plans)[1].iteration, popped);
+  }
+  EXPECT_EQ(popped, 6);
+  EXPECT_EQ(planned(), 6);
+  EXPECT_TRUE((*planner)->Drain().ok());
+}
+
 TEST(PlannerTest, EnforcesCallOrder) {
   auto planner = Planner::Create(Options(OneTable(10), CachePolicy::kOracle, 4));
   ASSERT_TRUE(planner.ok());
