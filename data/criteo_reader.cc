@@ -383,6 +383,10 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenCriteo(const std::string& path
     return absl::InvalidArgumentError(
         absl::StrCat("criteo: '", path, "' is ", S_ISDIR(st.st_mode) ? "a directory" : "empty"));
   }
+  if (absl::Status plain = RefuseCompressedFile(fileno(file), "criteo:" + path); !plain.ok()) {
+    std::fclose(file);
+    return plain;
+  }
   // Bytes per refill: large enough to amortise the parallel parse, small enough to stream (a
   // tunable). A small file needs no full-sized chunk (zero-filling 4 MiB per read would dominate).
   const size_t chunk_bytes = static_cast<size_t>(ReaderChunkBytes());

@@ -593,6 +593,10 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenCsv(const std::string& path,
     std::fclose(file);
     return absl::InvalidArgumentError(message);
   }
+  if (absl::Status plain = RefuseCompressedFile(fileno(file), "csv:" + path); !plain.ok()) {
+    std::fclose(file);
+    return plain;
+  }
   // A small file needs no full-sized block (zero-filling 1 MiB per read would dominate).
   const size_t block = S_ISREG(st.st_mode)
                            ? std::min(kBlockBytes, static_cast<size_t>(st.st_size) + 1)

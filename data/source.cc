@@ -1,6 +1,10 @@
 #include "data/source.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +15,42 @@
 #include "data/synthetic.h"
 
 namespace bagpipe {
+
+absl::Status RefuseCompressedFile(int fd, const std::string& what) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return absl::OkStatus();
+  unsigned char head[10] = {};
+  const ssize_t got = pread(fd, head, sizeof(head), 0);
+  if (got < 0) return absl::OkStatus();  // the reader's own read reports it
+  struct Magic {
+    const char* name;
+    std::string_view bytes;
+    const char* command;  // decompresses FILE beside itself
+  };
+  // bzip2: "BZh", the block size digit, then a block's or the stream end's magic (a text line
+  // may well start with "BZh").
+  static constexpr Magic kMagics[] = {{"gzip", "\x1f\x8b", "gzip -dk"},
+                                      {"bzip2", "BZh?1AY&SY", "bzip2 -dk"},
+                                      {"bzip2", "BZh?\x17rE8P\x90", "bzip2 -dk"},
+                                      {"xz", "\xfd\x37zXZ\x00", "xz -dk"},
+                                      {"zstd", "\x28\xb5\x2f\xfd", "zstd -d"}};
+  const std::string_view start(reinterpret_cast<const char*>(head), static_cast<size_t>(got));
+  auto matches = [&start](std::string_view magic) {
+    if (start.size() < magic.size()) return false;
+    for (size_t k = 0; k < magic.size(); ++k) {
+      const bool digit = start[k] >= '1' && start[k] <= '9';
+      if (magic[k] == '?' ? !digit : start[k] != magic[k]) return false;
+    }
+    return true;
+  };
+  for (const Magic& m : kMagics) {
+    if (!matches(m.bytes)) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the file is ", m.name,
+        "-compressed and the reader takes plain text; decompress it first (", m.command, " FILE)"));
+  }
+  return absl::OkStatus();
+}
 
 nlohmann::json SourceStats::ToJson() const {
   return {{"samples", samples},

@@ -73,6 +73,11 @@ struct SourceOptions {
   int64_t max_line_bytes = int64_t{16} << 20;
 };
 
+// Text readers: an error naming the compression if the regular file open as `fd` starts like a
+// gzip, bzip2, xz or zstd stream (read with pread: the file position does not move), else OK.
+// Pipes and devices are not looked at. `what` names the file in the message ("criteo:PATH").
+absl::Status RefuseCompressedFile(int fd, const std::string& what);
+
 // Opens a source from its command-line name (see the file comment).
 absl::StatusOr<std::unique_ptr<SampleSource>> OpenSource(std::string_view spec,
                                                          const SourceOptions& options);

@@ -20,6 +20,7 @@ std::string WriteFile(const std::string& name, const std::string& text) {
   return WriteTestFile("csv_reader_test", name, text);
 }
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 const std::string kMovieLens =
@@ -187,6 +188,30 @@ TEST(CsvReaderTest, FileErrors) {
   const absl::Status empty = OpenCsv(WriteFile("empty.csv", ""), Spec("label=a")).status();
   EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(empty.message(), HasSubstr("empty"));
+}
+
+TEST(CsvReaderTest, CompressedFilesAreRefusedByName) {
+  struct Case {
+    const char* name;
+    std::string bytes;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"gz.csv", std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00", 8), "gzip-compressed"},
+      {"bz.csv", "BZh91AY&SY\x01\x02", "bzip2-compressed"},
+      {"xz.csv", std::string("\xfd\x37zXZ\x00\x00\x04", 9), "xz-compressed"},
+      {"zst.csv", "\x28\xb5\x2f\xfd\x04\x00", "zstd-compressed"}};
+  for (const Case& c : cases) {
+    const std::string path = WriteFile(c.name, c.bytes);
+    const absl::Status status = OpenCsv(path, Spec("label=a")).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(std::string(status.message()),
+                AllOf(HasSubstr("csv:" + path), HasSubstr(c.says), HasSubstr("decompress it")))
+        << c.name;
+  }
+  // Text that merely starts like a bzip2 stream is read.
+  const std::string path = WriteFile("bzh.csv", "BZhang,a\n1,1\n0,2\n");
+  EXPECT_TRUE(OpenCsv(path, Spec("label=a; sparse=BZhang")).ok());
 }
 
 TEST(CsvReaderTest, LineErrorsNameLineAndColumn) {
