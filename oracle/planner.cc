@@ -510,8 +510,7 @@ absl::Status Planner::Impl::Finish() {
 
 absl::Status Planner::Impl::PlanTail() {
   // One iteration at a time, as Pop needs them: planning the whole window's tail at once would
-  // hold a window of plans (gigabytes at Criteo sizes with several trainers) and keep the
-  // trainers waiting until the last one is planned.
+  // hold a window of plans and keep the trainers waiting until the last one is planned.
   while (ready_.empty() && next_plan_ < pushed_) {
     status_ = PlanNext();
     RETURN_IF_ERROR(status_);
