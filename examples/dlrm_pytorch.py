@@ -138,6 +138,10 @@ def build_model(flags, trainer_or_embeddings, num_tables, num_dense, dim, seed):
         return LogReg(num_tables, dim, embeddings, seed)
     if flags["model"] != "dlrm":
         raise bagpipe.ConfigError(f"--model '{flags['model']}': expected dlrm or logreg")
+    if num_dense == 0:  # as bagpipe train: a bottom MLP over no input would learn a constant
+        raise bagpipe.ConfigError("--model dlrm: the data has no dense features, and the DLRM's "
+                                  "bottom MLP needs at least one (name dense columns in "
+                                  "--schema, or use --model logreg)")
     bottom = layers(flags["bottom"]) if flags["bottom"] else [num_dense, 64, dim]
     top = layers(flags["top"])
     if bottom[0] != num_dense or bottom[-1] != dim:

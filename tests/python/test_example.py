@@ -8,7 +8,9 @@ import subprocess
 
 import pytest
 
-from conftest import BAGPIPE_BINARY
+import bagpipe
+
+from conftest import BAGPIPE_BINARY, SOURCE_DIR
 
 DATA = "synthetic:samples=12000,tables=6,scale=0.0005,alpha=1.1,pooling=1-2,seed=9"
 COMMON = ["--data", DATA, "--batch-size", "256", "--iterations", "14", "--cache-rows", "1500",
@@ -52,3 +54,17 @@ def test_logreg_head_and_a_second_seed_change_the_result(example, tmp_path):
     b = example.main(base + ["--out", str(tmp_path / "b"), "--seed", "2"])
     assert a["model"] == "pytorch-logreg" and a["hit_rate"] > 0
     assert a["params_sha256"] != b["params_sha256"]  # the fingerprint can fail
+
+
+def test_data_without_dense_features_trains_logreg_and_refuses_dlrm(example, tmp_path):
+    # As bagpipe train (cli_test): the embedding-only model trains on ids alone; the DLRM says
+    # what it lacks.
+    movielens = os.path.join(SOURCE_DIR, "tests", "fixtures", "movielens_small.csv")
+    args = ["--data", f"csv:{movielens}", "--schema", "label=rating>3.5; sparse=userId,movieId",
+            "--batch-size", "512", "--iterations", "6", "--dim", "8", "--cache-rows", "3000",
+            "--lookahead", "4", "--quiet"]
+    run = example.main(args + ["--model", "logreg", "--out", str(tmp_path / "logreg")])
+    assert run["iterations"] == 6 and run["hit_rate"] > 0 and run["fills"] > 0
+    with pytest.raises(bagpipe.ConfigError, match="no dense features.*--model logreg"):
+        example.main(args + ["--model", "dlrm", "--out", str(tmp_path / "dlrm")])
+
