@@ -158,8 +158,10 @@ PHASES = ("wait", "boundary", "lookup", "reduce", "sync", "apply", "allreduce")
 
 def train(trainer, config, flags, metrics):
     """One trainer's whole loop: training, flush, held-out evaluation, outcome."""
+    # Built on the CPU from the seeded generator (the same start on every device), then moved to
+    # the trainer's device, where the batch's tensors and the pooled embeddings are.
     model = build_model(flags, trainer, trainer.num_tables, trainer.num_dense, config.dim,
-                        config.seed)
+                        config.seed).to(trainer.device)
     optimizer = make_optimizer(model.parameters(), config.dense_optimizer_config())
     leader = trainer.id == 0
     interval = flags["metrics_interval"]
@@ -167,7 +169,10 @@ def train(trainer, config, flags, metrics):
     interval_stats = start_stats
     forward_backward = optimizer_seconds = 0.0
     interval_fb = interval_opt = 0.0
-    loss_sum, samples, iterations, interval_samples, interval_iterations = 0.0, 0, 0, 0, 0
+    # The loss is summed on the trainer's device and read at each report: reading it every
+    # iteration would make the host wait for the GPU once per iteration.
+    loss_sum = torch.zeros((), dtype=torch.float64, device=trainer.device)
+    samples, iterations, interval_samples, interval_iterations = 0, 0, 0, 0
     last_loss, global_samples = 0.0, 0
     # Checkpoints (--checkpoint-dir, --resume) hold the dense model, its optimizer and the
     # samples trained so far; a resumed job restores them here.
@@ -194,10 +199,12 @@ def train(trainer, config, flags, metrics):
         nonlocal interval_stats, interval_fb, interval_opt, loss_sum, interval_samples
         nonlocal interval_iterations, interval_start, last_loss, global_samples
         stats = trainer.stats()
-        sums = torch.tensor([loss_sum, interval_samples,
+        sums = torch.tensor([0.0, interval_samples,
                              stats["unique_rows"] - interval_stats["unique_rows"],
                              stats["hits"] - interval_stats["hits"]], dtype=torch.float32)
-        trainer.all_reduce_(sums)
+        sums[0] = loss_sum.to("cpu", torch.float32)
+        # all_reduce_ takes a tensor on the trainer's device; .cpu() waits for the result.
+        sums = trainer.all_reduce_(sums.to(trainer.device)).cpu()
         seconds = time.perf_counter() - interval_start
         last_loss = float(sums[0] / sums[1]) if sums[1] > 0 else 0.0
         global_samples += int(sums[1])
@@ -216,7 +223,8 @@ def train(trainer, config, flags, metrics):
                       f"{record['samples_per_s']:.0f} samples/s, hit {100 * hit_rate:.1f}%",
                       file=sys.stderr)
         interval_stats = stats
-        interval_fb = interval_opt = loss_sum = 0.0
+        interval_fb = interval_opt = 0.0
+        loss_sum = torch.zeros_like(loss_sum)
         interval_samples = interval_iterations = 0
         interval_start = time.perf_counter()
 
@@ -236,7 +244,7 @@ def train(trainer, config, flags, metrics):
         interval_fb += t1 - t0
         optimizer_seconds += t3 - t2
         interval_opt += t3 - t2
-        loss_sum += float(loss) * batch.global_batch_size
+        loss_sum += loss.detach().double() * batch.global_batch_size
         samples += batch.num_samples
         interval_samples += batch.num_samples
         iterations += 1

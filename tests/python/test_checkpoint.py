@@ -36,6 +36,7 @@ def train(trainer, job, stop_at=None, signal_at=None, register=True):
     with torch.no_grad():  # the same start on every trainer, without the global RNG
         head.weight.copy_(torch.linspace(-0.1, 0.1, inputs).view(1, -1))
         head.bias.zero_()
+    head.to(trainer.device)
     optimizer = torch.optim.Adagrad(head.parameters(), lr=0.05, eps=1e-10)
     counters = {"samples": 0}
     if register:
