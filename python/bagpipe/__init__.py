@@ -41,6 +41,12 @@ Device contract (the same as the C++ hooks', trainer_hooks/trainer.h):
     first waits for the work queued on PyTorch's stream, and PyTorch's stream then waits for the
     runtime's accesses, so the caching allocator cannot hand the memory out again before the
     runtime is done with it (no host synchronisation).
+  * With CUDA, PyTorch runs the backward of CUDA operations on its own thread for the device,
+    shared by every trainer on that GPU. EmbeddingBags' backward therefore hands d(loss)/d(pooled)
+    over, and the loop's thread ends the iteration at its next call (all_reduce_gradients,
+    all_reduce_, begin_iteration, flush, stats, complete): a trainer waiting there for the
+    others' shared-row gradients does not hold up their backward passes. Give each trainer's
+    dense model to ``trainer.device`` (``model.to(trainer.device)``).
   * On the CPU every call has finished its work when it returns (with the asynchronous CPU
     streams of ``BAGPIPE_CPU_STREAMS``, this package waits for them before it returns).
 
@@ -55,7 +61,8 @@ Checkpoints: ``Config(checkpoint_dir=..., checkpoint_every=..., resume=...)`` as
 train``'s flags, with the loop's own state registered by ``Trainer.checkpoint_torch_state(model,
 optimizer)``; a resumed run ends with the parameters of an uninterrupted one.
 
-Tested with Debian's python3-torch 1.13 (CPU). Tensors cross through DLPack; libtorch is not
+Tested with Debian's python3-torch 1.13 (CPU), and with PyTorch 2.11 on an H100 (one trainer;
+see bench/RESULTS.md for what is open there). Tensors cross through DLPack; libtorch is not
 linked, so one build serves any PyTorch with DLPack support.
 """
 

@@ -128,6 +128,10 @@ class Trainer:
         self.dim = dim
         self._cuda = self.device.type == "cuda"
         self._batch = None
+        # The thread driving the loop, and a gradient handed over by autograd on another thread
+        # (see _end_iteration_from_backward), which the loop's thread hands to the runtime.
+        self._loop_thread = None
+        self._pending_grad = None
 
     def __repr__(self):
         return f"bagpipe.Trainer({self.id} of {self.num_trainers}, {self.device})"
@@ -144,9 +148,36 @@ class Trainer:
                             from_dlpack(labels), is_eval)
         return self._batch
 
+    def _end_pending(self):
+        """Ends the iteration whose gradient autograd handed over on another thread, here on
+        the loop's thread (with its PyTorch stream, where the backward pass was queued)."""
+        grad = self._pending_grad
+        if grad is not None:
+            self._pending_grad = None
+            self._register_stream()
+            self._core.end_iteration(grad)
+
+    def _end_iteration_from_backward(self, pooled_grad):
+        """EmbeddingBags' backward. Autograd runs the backward of CUDA operations on its own
+        thread for the device, one thread that every trainer on that GPU shares: if it ended the
+        iteration there, a trainer waiting for the others' shared-row gradients would hold that
+        thread while the others' backward passes wait behind it. So a backward on a thread other
+        than the loop's hands the gradient over, and the loop's thread ends the iteration at its
+        next call (all_reduce_gradients, all_reduce_, begin_iteration, flush, stats, complete).
+        On the CPU autograd runs on the loop's thread, which ends the iteration at once."""
+        if self._loop_thread is None or threading.get_ident() == self._loop_thread:
+            self._core.end_iteration(pooled_grad)
+        elif self._pending_grad is not None:
+            raise UsageError(f"trainer {self.id}: the batch's pooled embeddings were "
+                             "backpropagated twice in one iteration")
+        else:
+            self._pending_grad = pooled_grad
+
     def begin_iteration(self):
         """Waits for the next iteration's plan and rows; returns its Batch, or None when
         training has ended (then call flush())."""
+        self._loop_thread = threading.get_ident()
+        self._end_pending()
         self._register_stream()
         info = self._core.begin_iteration()
         if info is None:
@@ -176,17 +207,20 @@ class Trainer:
         with the other trainers and applies the embedding optimizer."""
         if isinstance(pooled_grad, torch.Tensor):
             pooled_grad = pooled_grad.detach()
+        self._end_pending()
         self._core.end_iteration(pooled_grad)
 
     def all_reduce_(self, tensor):
         """Sums a contiguous float32 tensor over all trainers, in place; returns it. Every
         trainer calls it with the same size, in the same order (deterministic)."""
+        self._end_pending()
         self._core.all_reduce_(tensor.detach() if isinstance(tensor, torch.Tensor) else tensor)
         return tensor
 
     def all_reduce_gradients(self, parameters):
         """Sums the ``.grad`` of ``parameters`` over all trainers in place, with one all-reduce
         (a missing gradient counts as zeros). Nothing to do with one trainer."""
+        self._end_pending()
         parameters = [p for p in parameters if p.requires_grad]
         if self.num_trainers == 1 or not parameters:
             return
@@ -205,6 +239,7 @@ class Trainer:
 
     def flush(self):
         """After the last iteration: writes every cached row back to the servers."""
+        self._end_pending()
         self._core.flush()
         self._batch = None
 
@@ -225,6 +260,7 @@ class Trainer:
         0's go into params.bin and the fingerprint); ``predictions``/``labels``: held-out
         probabilities and labels (summary.json's log loss and AUC); ``info``: the loop's figures
         for summary.json (train_loss, iterations, samples, seconds, time_ms)."""
+        self._end_pending()
         def flat(values):
             if values is None:
                 return None
@@ -274,6 +310,7 @@ class Trainer:
 
     def stats(self):
         """The trainer's counters and phase times (seconds) so far, as a dict."""
+        self._end_pending()
         return json.loads(self._core.stats_json())
 
 

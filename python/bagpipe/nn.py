@@ -17,7 +17,7 @@ class _PooledLookup(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, pooled_grad):
         # Autograd may hand over an expanded or strided gradient: the runtime reads rows.
-        ctx.trainer.end_iteration(pooled_grad.contiguous())
+        ctx.trainer._end_iteration_from_backward(pooled_grad.detach().contiguous())
         return None, None
 
 

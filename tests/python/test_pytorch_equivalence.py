@@ -8,6 +8,8 @@ so does the embedding-only head (--model logreg) against nn.Linear. The batches 
 Python iterable (per-table ids with nn.EmbeddingBag-style offsets), which the oracle reads
 ahead on its thread."""
 
+import concurrent.futures
+
 import numpy as np
 import pytest
 import torch
@@ -59,7 +61,7 @@ class RowwiseAdagrad(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if "sum" not in state:
-                    state["sum"] = torch.zeros(p.shape[0])
+                    state["sum"] = torch.zeros(p.shape[0], device=p.device)
                 state["sum"] += (p.grad * p.grad).mean(dim=1)
                 p -= group["lr"] * p.grad / (state["sum"].sqrt() + group["eps"]).unsqueeze(1)
 
@@ -78,7 +80,8 @@ def bagpipe_losses(example, config, schema, batches, model_name="dlrm"):
     flags = {"model": model_name, "bottom": f"{NUM_DENSE}-16-{DIM}", "top": "16-1"}
 
     def train(trainer):
-        model = example.build_model(flags, trainer, len(TABLE_ROWS), NUM_DENSE, DIM, config.seed)
+        model = example.build_model(flags, trainer, len(TABLE_ROWS), NUM_DENSE, DIM,
+                                    config.seed).to(trainer.device)
         dense = config.dense_optimizer_config()
         optimizer = torch_optimizer(model.parameters(), dense["optimizer"], dense["lr"],
                                     dense["eps"])
@@ -116,12 +119,13 @@ class LinearLogReg(torch.nn.Module):
         return self.linear(self.embeddings(sparse).reshape(len(dense), -1)).squeeze(1)
 
 
-def torch_losses(example, config, schema, batches, model_name="dlrm"):
+def torch_losses(example, config, schema, batches, model_name="dlrm", device="cpu"):
     flags = {"model": model_name, "bottom": f"{NUM_DENSE}-16-{DIM}", "top": "16-1"}
     tables = example.TorchEmbeddingBags(bagpipe.initial_embedding_weights(config, schema))
     model = example.build_model(flags, tables, len(TABLE_ROWS), NUM_DENSE, DIM, config.seed)
     if model_name == "logreg":
         model = LinearLogReg(model.linear, tables)
+    model.to(device)
     dense = [p for name, p in model.named_parameters() if not name.startswith("embeddings.")]
     # The MLPs of a row-wise Adagrad job use plain Adagrad (docs/defaults.md).
     dense_kind = "adagrad" if config.optimizer == "rowwise-adagrad" else config.optimizer
@@ -129,10 +133,10 @@ def torch_losses(example, config, schema, batches, model_name="dlrm"):
     sparse = torch_optimizer(tables.parameters(), config.optimizer, config.lr, config.eps)
     losses = []
     for b in batches:
-        ids = [torch.from_numpy(i) for i in b["ids"]]
-        offsets = [torch.from_numpy(o) for o in b["offsets"]]
-        logits = model(torch.from_numpy(b["dense"]), (ids, offsets))
-        loss = loss_of(logits, torch.from_numpy(b["labels"]), BATCH)
+        ids = [torch.from_numpy(i).to(device) for i in b["ids"]]
+        offsets = [torch.from_numpy(o).to(device) for o in b["offsets"]]
+        logits = model(torch.from_numpy(b["dense"]).to(device), (ids, offsets))
+        loss = loss_of(logits, torch.from_numpy(b["labels"]).to(device), BATCH)
         optimizer.zero_grad()
         sparse.zero_grad()
         loss.backward()
@@ -194,3 +198,53 @@ def test_the_comparison_can_fail(example):
     config.eps = 1e-3
     theirs = torch_losses(example, config, schema, batches)
     assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) > 1e-6
+
+
+def shared_thread_losses(example, config, schema, batches, backward_thread):
+    """bagpipe_losses' loop, except that every trainer's loss.backward() runs on
+    `backward_thread` (an executor of one thread shared by the trainers, as PyTorch's autograd
+    runs the backward of CUDA operations on one thread per device), or on the loop's own thread
+    when it is None."""
+    flags = {"model": "dlrm", "bottom": f"{NUM_DENSE}-16-{DIM}", "top": "16-1"}
+
+    def train(trainer):
+        model = example.build_model(flags, trainer, len(TABLE_ROWS), NUM_DENSE, DIM, config.seed)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for batch in trainer:
+            loss = loss_of(model(batch.dense, batch), batch.labels, batch.global_batch_size)
+            optimizer.zero_grad()
+            if backward_thread is None:
+                loss.backward()
+            else:
+                backward_thread.submit(loss.backward).result()
+            trainer.all_reduce_gradients(model.parameters())
+            optimizer.step()
+            losses.append(loss.item())
+        trainer.flush()
+        stats = trainer.stats()
+        trainer.complete(dense=list(model.parameters()))
+        return losses, stats
+
+    with bagpipe.Job(config, data=batches, schema=schema) as job:
+        results = job.run_trainers(train)
+        job.finish()
+    return results
+
+
+def test_trainers_sharing_one_backward_thread_do_not_wait_for_each_other(example):
+    # On a GPU every trainer's backward pass runs on autograd's one thread for that device. A
+    # trainer that ended its iteration there would wait for the others' shared-row gradients
+    # while their backward passes wait behind it: the job would stop at the peer timeout.
+    torch.set_num_threads(1)
+    config = bagpipe.Config(batch_size=BATCH, cache="oracle", cache_rows=700, lookahead=5,
+                            dim=DIM, optimizer="adagrad", lr=0.01, eps=1e-10, seed=3,
+                            deterministic=True, trainers=2, peer_timeout=20)
+    schema = bagpipe.Schema(table_rows=TABLE_ROWS, num_dense=NUM_DENSE)
+    batches = make_batches(seed=11)
+    own = shared_thread_losses(example, config, schema, batches, None)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as backward_thread:
+        shared = shared_thread_losses(example, config, schema, batches, backward_thread)
+    for (losses, stats), (own_losses, _) in zip(shared, own):
+        assert len(losses) == ITERATIONS and stats["hits"] > 0 and stats["exchanged_rows"] > 0
+        assert losses == own_losses  # bit for bit: the same iterations, ended in the same order
