@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one command: builds with CUDA, runs every CUDA test, the
-# end-to-end job on the GPU with each cache mode, the gather-versus-device-copy bandwidth
-# benchmark and the paper-shape cache-mode comparison, and prints one table (bench/README.md
-# says how to read it). Meant for a machine with an NVIDIA GPU and 16 cores: about 4 minutes on
-# an H200 with 16 cores (configure 5 s, build 46 s, CUDA tests 62 s, the rest 45 s).
+# Python package's suites with the machine's PyTorch (test_cuda.py trains torch.nn models on the
+# GPU through bagpipe), the end-to-end job on the GPU with each cache mode, the
+# gather-versus-device-copy bandwidth benchmark and the paper-shape cache-mode comparison, and
+# prints one table (bench/README.md says how to read it). Meant for a machine with an NVIDIA GPU
+# and 16 cores: about 5 minutes on an H100 with 16 cores (configure 6 s, build 38 s, CUDA tests
+# 73 s, each Python suite that passed 21 s, the rest 58 s).
 #
 # Usage: scripts/gpu-check.sh [OPTIONS]
 #   --dry-run            print the commands it would run, run nothing (CI runs this)
@@ -13,7 +15,8 @@
 #                        has (its header or library is there) is not unpacked
 #   --fetch-debs DIR     on a machine with a Debian registry: download the packages a GPU
 #                        machine usually lacks (oneTBB, Abseil, GoogleTest, Google Benchmark,
-#                        CLI11, nlohmann-json, ISA-L, xxHash, OpenBLAS) into DIR, then exit
+#                        CLI11, nlohmann-json, ISA-L, xxHash, OpenBLAS, the DLPack header) into
+#                        DIR, then exit
 #   --arch LIST          CUDA architectures (default 90: H100/H200; 80 for A100)
 #   --build-dir DIR      (default build-gpu)
 #   --out DIR            logs and results (default build-gpu/gpu-check)
@@ -75,7 +78,8 @@ build_dir="$(realpath -m "$build_dir")"
 deb_packages=(libtbb12 libtbb-dev libtbbmalloc2 libtbbbind-2-5 libabsl20220623 libabsl-dev
               libgtest-dev libgmock-dev libbenchmark1debian libbenchmark-dev libcli11-dev
               nlohmann-json3-dev libisal2 libisal-dev libxxhash0 libxxhash-dev libopenblas0
-              libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev libgfortran5)
+              libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev libgfortran5
+              libdlpack-dev)
 
 # Unpacks every package of $1 into $2, except those the system already provides (the file that
 # shows it): a system library is never shadowed by a second copy.
@@ -90,6 +94,7 @@ unpack_debs() {
       libopenblas*) have="$(compgen -G '/usr/include/*/cblas.h' || compgen -G '/usr/include/*/*/cblas.h' ||
                              compgen -G /usr/include/cblas.h || true)" ;;
       libgfortran5) have=/usr/lib/x86_64-linux-gnu/libgfortran.so.5 ;;
+      libdlpack-dev) have=/usr/include/dlpack/dlpack.h ;;
       *) have="" ;;
     esac
     if [ -n "$have" ] && [ -e "${have%%$'\n'*}" ]; then
@@ -124,10 +129,18 @@ prefix="$out_dir/deps"
 if [ -n "$debs" ]; then
   add_step "unpack packages" "unpack_debs '$debs' '$prefix'"
 fi
+# The Python package is built for the python3 on PATH when it has PyTorch and pybind11 (the GPU
+# machine's image: a recent PyTorch with CUDA, whose pybind11 comes from pip).
+python_options=""
+python3_path="$(command -v python3 || true)"
+if [ -n "$python3_path" ] && "$python3_path" -c "import torch, pybind11" 2>/dev/null; then
+  python_options="-DPython_EXECUTABLE='$python3_path' \
+-Dpybind11_DIR='$("$python3_path" -m pybind11 --cmakedir)'"
+fi
 if [ "$skip_build" -eq 0 ]; then
   add_step "configure" "cmake -S . -B '$build_dir' -G Ninja -DCMAKE_BUILD_TYPE=Release \
 -DBAGPIPE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES='$arch' -DBAGPIPE_BUILD_TESTS=ON \
--DBAGPIPE_BUILD_BENCHMARKS=ON"
+-DBAGPIPE_BUILD_BENCHMARKS=ON $python_options"
   # The programs the steps below run; ctest's CUDA and NCCL cases all live in these.
   targets="--target bagpipe embedding_cache_cuda_test nccl_communicator_test nccl_mpi_test \
 dense_model_test core_test dlrm_loop_test cache_bench"
@@ -138,6 +151,13 @@ fi
 # the job end to end on the GPU), and the core suite (device contexts and events).
 add_step "cuda tests" "ctest --test-dir '$build_dir' -R 'Cuda|Nccl|nccl|DeviceTest|CpuStreams' \
 -E '^cpu_streams_' --output-on-failure --timeout 600 --output-junit '$out_dir/cuda_tests.xml'"
+# The Python package's suites with this machine's PyTorch, test_cuda.py (torch.nn models trained
+# on the GPU through bagpipe) among them.
+add_step "python tests" "if ! ninja -C '$build_dir' -t targets all | grep -q '^bagpipe_python:'; \
+then echo 'no Python package in this build: see configure.log for what CMake did not find'; \
+exit 1; fi; cmake --build '$build_dir' -j \$(nproc) --target bagpipe_python && \
+ctest --test-dir '$build_dir' -L python --output-on-failure -j 6 --timeout 300 \
+--output-junit '$out_dir/python_tests.xml'"
 # The job end to end on the GPU with every cache mode (small model, 26 small tables):
 # parameters must be identical across modes.
 add_step "e2e modes" "BAGPIPE='$build_dir/bagpipe' bench/train/modes.sh --device cuda \
@@ -157,7 +177,7 @@ if [ "$dry_run" -eq 1 ]; then
     echo "+ ${steps[i + 1]}"
   done
   echo "[table]"
-  echo "+ summarise $out_dir/{cuda_tests.xml,e2e/modes.json,cache_bench.json,paper/modes.json}"
+  echo "+ summarise $out_dir/{cuda_tests.xml,python_tests.xml,e2e/modes.json,cache_bench.json,paper/modes.json}"
   exit 0
 fi
 
@@ -235,24 +255,33 @@ with open(os.path.join(out, "steps.tsv")) as f:
         result = {"0": "ok", "skipped": "SKIPPED (--time-limit)", "124": "STOPPED (time)"}
         rows.append((f"step: {name}", result.get(rc, f"FAILED (exit {rc})"), f"{seconds} s"))
 
-junit = os.path.join(out, "cuda_tests.xml")
-if not os.path.exists(junit):
-    rows.append(("CUDA tests", "no results", "see cuda_tests.log"))
-else:
+def junit_row(file, label, skipped_note):
+    junit = os.path.join(out, file)
+    if not os.path.exists(junit):
+        rows.append((label, "no results", f"see {label.replace(' ', '_')}.log"))
+        return
     passed = failed = skipped = 0
-    skipped_names = []
+    failed_names, skipped_names = [], []
     for case in ET.parse(junit).getroot().iter("testcase"):
         if case.find("failure") is not None or case.find("error") is not None:
             failed += 1
+            failed_names.append(case.get("name"))
         elif case.find("skipped") is not None or case.get("status") == "notrun":
             skipped += 1
             skipped_names.append(case.get("name"))
         else:
             passed += 1
     more = f" and {len(skipped_names) - 4} more" if len(skipped_names) > 4 else ""
-    rows.append(("CUDA tests", f"{passed} passed, {failed} failed, {skipped} skipped",
-                 "skipped (on one GPU, the multi-GPU ones should be the only ones): "
-                 + ", ".join(skipped_names[:4]) + more if skipped_names else "none skipped"))
+    notes = (f"skipped ({skipped_note}): " + ", ".join(skipped_names[:4]) + more
+             if skipped_names else "none skipped")
+    if failed_names:
+        notes = "FAILED: " + ", ".join(failed_names) + "; " + notes
+    rows.append((label, f"{passed} passed, {failed} failed, {skipped} skipped", notes))
+
+
+junit_row("cuda_tests.xml", "CUDA tests",
+          "on one GPU, the multi-GPU ones should be the only ones")
+junit_row("python_tests.xml", "python tests", "none should be")
 
 
 def modes_rows(path, label):

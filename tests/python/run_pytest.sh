@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs one pytest file of the Python package's suites for ctest.
 # Usage: run_pytest.sh PYTHON BUILD_DIR SOURCE_DIR BAGPIPE_BINARY MPIEXEC TEST_FILE
-# Exit 77 (ctest: skipped) with the reason when PyTorch or pytest is missing; CI installs both
-# (scripts/setup.sh).
+# Exit 77 (ctest: skipped) with the reason when PyTorch or pytest is missing (CI installs both:
+# scripts/setup.sh), and for test_cuda.py when there is no CUDA build or no GPU.
 set -u
 PYTHON=$1 BUILD=$2 SRC=$3
 export BAGPIPE_SOURCE_DIR=$SRC BAGPIPE_BINARY=$4 MPIEXEC=$5
@@ -16,5 +16,10 @@ for module in torch pytest numpy; do
     exit 77
   fi
 done
+if [ "$TEST" = test_cuda.py ] && ! "$PYTHON" -c "import torch, bagpipe
+assert bagpipe._core.cuda_compiled_in() and torch.cuda.is_available()" 2>/dev/null; then
+  echo "SKIPPED: needs a CUDA build of bagpipe (-DBAGPIPE_CUDA=ON) and a GPU PyTorch can use"
+  exit 77
+fi
 cd "$SRC/tests/python" || exit 1
 exec "$PYTHON" -m pytest -q -p no:cacheprovider "$TEST"

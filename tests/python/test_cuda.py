@@ -1,0 +1,162 @@
+"""The PyTorch path on a GPU (device="cuda", --device cuda): the checks the CPU suites make, on
+CUDA tensors. The batch's tensors and the pooled embeddings are CUDA tensors of the trainer's
+device; the torch.nn DLRM trained through bagpipe equals the pure-PyTorch model with
+nn.EmbeddingBag tables on the same GPU (losses within 1e-6, relative), with 1-3 trainers; the
+example's cache modes end bit-identical (--deterministic); a loop on a side stream of PyTorch's
+gets the same losses as one on the default stream (the device contract's stream order); a
+stopped and resumed job equals an uninterrupted one; a CPU tensor handed to a CUDA trainer is
+refused. Skipped (ctest: Not Run) where the package was built without CUDA or PyTorch sees no
+GPU (run_pytest.sh)."""
+
+import pytest
+import torch
+
+import bagpipe
+from bagpipe import _core
+
+if not (_core.cuda_compiled_in() and torch.cuda.is_available()):
+    pytest.skip("needs a CUDA build of bagpipe and a GPU PyTorch can use",
+                allow_module_level=True)
+
+import test_checkpoint as checkpoint  # noqa: E402  (after the skip)
+import test_pytorch_equivalence as equivalence  # noqa: E402
+from test_example import COMMON  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def exact_float32_matmul():
+    # Both sides of every comparison run PyTorch's CUDA kernels; TF32 would round the dense
+    # model's products to 10 bits and hide differences of the embeddings.
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def equivalence_config(optimizer, lr, cache, trainers):
+    return bagpipe.Config(batch_size=equivalence.BATCH, cache=cache, cache_rows=700, lookahead=5,
+                          dim=equivalence.DIM, optimizer=optimizer, lr=lr, eps=1e-10, seed=3,
+                          deterministic=True, trainers=trainers, device="cuda")
+
+
+@pytest.mark.parametrize("optimizer,lr,cache,trainers", [
+    ("sgd", 0.1, "oracle", 1), ("adagrad", 0.01, "lru", 1), ("rowwise-adagrad", 0.01, "oracle", 1),
+    ("adagrad", 0.01, "oracle", 2), ("sgd", 0.1, "oracle", 3)])
+def test_bagpipe_equals_pure_pytorch_on_the_gpu(example, optimizer, lr, cache, trainers):
+    config = equivalence_config(optimizer, lr, cache, trainers)
+    schema = bagpipe.Schema(table_rows=equivalence.TABLE_ROWS, num_dense=equivalence.NUM_DENSE)
+    batches = equivalence.make_batches(seed=11)
+    ours, stats = equivalence.bagpipe_losses(example, config, schema, batches)
+    theirs = equivalence.torch_losses(example, config, schema, batches, device="cuda")
+    assert len(ours) == len(theirs) == equivalence.ITERATIONS
+    for s in stats:
+        assert s["hits"] > 0 and s["fills"] > 0
+        if trainers > 1:
+            assert s["exchanged_rows"] > 0
+    worst = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
+    print(f"cuda {optimizer} {cache} {trainers} trainer(s): worst relative loss difference "
+          f"{worst:.2e}")
+    assert worst <= 1e-6, (f"{optimizer}, {trainers} trainer(s) on the GPU: losses differ by "
+                           f"{worst:.2e} (relative)\n{ours}\n{theirs}")
+    assert ours[-1] < ours[0]
+
+
+@pytest.mark.parametrize("trainers", [1, 2])
+def test_example_cache_modes_end_bit_identical_on_the_gpu(example, tmp_path, trainers):
+    summaries = {}
+    for mode in ["off", "oracle", "lru"]:
+        out = str(tmp_path / mode)
+        summaries[mode] = example.main(COMMON + ["--device", "cuda", "--cache", mode,
+                                                 "--trainers", str(trainers), "--out", out,
+                                                 "--dump-params", out])
+    off = summaries["off"]
+    assert off["device"] == "cuda" and off["trainers"] == trainers and off["iterations"] == 14
+    assert off["fills"] > 0 and "eval" in off
+    for mode in ["oracle", "lru"]:
+        run = summaries[mode]
+        assert run["params_sha256"] == off["params_sha256"], f"{mode} T={trainers} differs"
+        assert run["train_loss"] == off["train_loss"]
+        assert run["hit_rate"] > 0.2, f"{mode}: the cache served no rows"
+        if trainers == 2:
+            assert run["exchanged_rows"] > 0, f"{mode}: no shared-row gradient was exchanged"
+
+
+def stream_losses(side_stream):
+    """The losses of a small embedding-bag + linear loop (Adagrad, 2 trainers, oracle), each
+    trainer's on a stream of its own (side_stream) or on PyTorch's default stream, and the
+    trainers' hits."""
+    config = checkpoint.make_config("oracle", 2, iterations=12, device="cuda")
+
+    def train(trainer):
+        tables = bagpipe.EmbeddingBags(trainer)
+        inputs = trainer.num_tables * trainer.dim + trainer.num_dense
+        head = torch.nn.Linear(inputs, 1)
+        with torch.no_grad():
+            head.weight.copy_(torch.linspace(-0.1, 0.1, inputs).view(1, -1))
+            head.bias.zero_()
+        head.to(trainer.device)
+        optimizer = torch.optim.Adagrad(head.parameters(), lr=0.05, eps=1e-10)
+        losses = []
+        stream = torch.cuda.Stream() if side_stream else torch.cuda.default_stream()
+        with torch.cuda.stream(stream):
+            for batch in trainer:
+                assert batch.dense.is_cuda and batch.labels.is_cuda
+                # Work queued on this stream before the lookup: the runtime must wait for it.
+                dense = batch.dense * 1.0
+                x = torch.cat([tables(batch).flatten(1), dense], dim=1)
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                    head(x).squeeze(1), batch.labels, reduction="sum") / batch.global_batch_size
+                optimizer.zero_grad()
+                loss.backward()
+                trainer.all_reduce_gradients(head.parameters())
+                optimizer.step()
+                losses.append(loss.detach())
+            trainer.flush()
+            stats = trainer.stats()
+            trainer.complete(dense=list(head.parameters()))
+        return [float(loss) for loss in losses], stats["hits"]
+
+    with bagpipe.Job(config) as job:
+        results = job.run_trainers(train)
+        job.finish()
+    return results
+
+
+def test_a_side_stream_gets_the_default_streams_results():
+    default = stream_losses(side_stream=False)
+    side = stream_losses(side_stream=True)
+    assert all(hits > 0 for _, hits in default + side)
+    assert [losses for losses, _ in side] == [losses for losses, _ in default]
+
+
+def test_stopped_and_resumed_on_the_gpu_equals_uninterrupted(tmp_path):
+    whole, _ = checkpoint.run(checkpoint.make_config("lru", 2, device="cuda"), tmp_path, "whole")
+    assert whole["hit_rate"] > 0
+    checkpoints = tmp_path / "ckpt"
+    stopped, _ = checkpoint.run_stopped(
+        checkpoint.make_config("lru", 2, device="cuda", checkpoint_dir=str(checkpoints)),
+        stop_at=3)
+    assert 3 <= stopped.iteration < checkpoint.ITERATIONS
+    resumed, results = checkpoint.run(
+        checkpoint.make_config("lru", 2, device="cuda", resume=str(checkpoints)), tmp_path,
+        "resumed")
+    assert all(steps == checkpoint.ITERATIONS - stopped.iteration for steps, _ in results)
+    assert resumed["params_sha256"] == whole["params_sha256"]
+
+
+def test_tensors_on_the_wrong_device_are_refused():
+    config = checkpoint.make_config("oracle", 1, iterations=4, device="cuda", deterministic=False)
+    with bagpipe.Job(config) as job:
+        (trainer,) = job.trainers
+        assert trainer.device == torch.device("cuda", 0)
+        batch = trainer.begin_iteration()
+        assert batch.dense.device == trainer.device and batch.labels.device == trainer.device
+        pooled = trainer.lookup_pooled()
+        assert pooled.device == trainer.device
+        with pytest.raises(ValueError, match="expected a tensor on cuda:0.*got cpu"):
+            trainer.end_iteration(torch.zeros(pooled.shape))
+        with pytest.raises(ValueError, match="expected a tensor on cuda:0.*got cpu"):
+            trainer.all_reduce_(torch.zeros(3))
+        trainer.end_iteration(torch.zeros_like(pooled))  # the right one is taken
+        assert trainer.begin_iteration().iteration == 1
+        job.abort("test over")
