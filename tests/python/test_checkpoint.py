@@ -5,6 +5,7 @@ lru with 2; each part really trained (iterations > 0, adding up to the whole run
 checkpoint's files exist. A resume whose loop registers no state, or whose loop options differ,
 is refused with a clear error."""
 
+import contextlib
 import os
 import signal
 
@@ -26,10 +27,10 @@ def make_config(cache, trainers, **options):
     return bagpipe.Config(**settings)
 
 
-def train(trainer, job, stop_at=None, signal_at=None, register=True):
+def train(trainer, job, stop_at=None, signal_at=None, register=True, context=None):
     """An embedding-bag + linear head loop with Adagrad; returns (iterations run here, the
     first iteration). Trainer 0 asks for the stop at iteration `stop_at` (or sends itself a
-    SIGINT at `signal_at`)."""
+    SIGINT at `signal_at`). ``context()``: a context manager the loop runs in (e.g. a stream)."""
     tables = bagpipe.EmbeddingBags(trainer)
     inputs = trainer.num_tables * trainer.dim + trainer.num_dense
     head = torch.nn.Linear(inputs, 1)
@@ -42,23 +43,24 @@ def train(trainer, job, stop_at=None, signal_at=None, register=True):
     if register:
         trainer.checkpoint_torch_state(head, optimizer, get=lambda: dict(counters),
                                        set=counters.update)
-    steps = 0
-    for batch in trainer:
-        if trainer.id == 0 and batch.iteration == stop_at:
-            job.request_stop()
-        if trainer.id == 0 and batch.iteration == signal_at:
-            os.kill(os.getpid(), signal.SIGINT)
-        x = torch.cat([tables(batch).flatten(1), batch.dense], dim=1)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(
-            head(x).squeeze(1), batch.labels, reduction="sum") / batch.global_batch_size
-        optimizer.zero_grad()
-        loss.backward()
-        trainer.all_reduce_gradients(head.parameters())
-        optimizer.step()
-        counters["samples"] += batch.num_samples
-        steps += 1
-    trainer.flush()
-    trainer.complete(dense=list(head.parameters()))
+    with context() if context is not None else contextlib.nullcontext():
+        steps = 0
+        for batch in trainer:
+            if trainer.id == 0 and batch.iteration == stop_at:
+                job.request_stop()
+            if trainer.id == 0 and batch.iteration == signal_at:
+                os.kill(os.getpid(), signal.SIGINT)
+            x = torch.cat([tables(batch).flatten(1), batch.dense], dim=1)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                head(x).squeeze(1), batch.labels, reduction="sum") / batch.global_batch_size
+            optimizer.zero_grad()
+            loss.backward()
+            trainer.all_reduce_gradients(head.parameters())
+            optimizer.step()
+            counters["samples"] += batch.num_samples
+            steps += 1
+        trainer.flush()
+        trainer.complete(dense=list(head.parameters()))
     return steps, trainer.first_iteration
 
 

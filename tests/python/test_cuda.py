@@ -2,11 +2,11 @@
 CUDA tensors. The batch's tensors and the pooled embeddings are CUDA tensors of the trainer's
 device; the torch.nn DLRM trained through bagpipe equals the pure-PyTorch model with
 nn.EmbeddingBag tables on the same GPU (losses within 1e-6, relative), with 1-3 trainers; the
-example's cache modes end bit-identical (--deterministic); a loop on a side stream of PyTorch's
-gets the same losses as one on the default stream (the device contract's stream order); a
-stopped and resumed job equals an uninterrupted one; a CPU tensor handed to a CUDA trainer is
-refused. Skipped (ctest: Not Run) where the package was built without CUDA or PyTorch sees no
-GPU (run_pytest.sh)."""
+example's cache modes end bit-identical (--deterministic); trainers each on a side stream of
+PyTorch's end with the parameters of the loop on the default stream (the device contract's
+stream order); a stopped and resumed job equals an uninterrupted one; a CPU tensor handed to a
+CUDA trainer is refused. Skipped (ctest: Not Run) where the package was built without CUDA or
+PyTorch sees no GPU (run_pytest.sh)."""
 
 import pytest
 import torch
@@ -20,7 +20,7 @@ if not (_core.cuda_compiled_in() and torch.cuda.is_available()):
 
 import test_checkpoint as checkpoint  # noqa: E402  (after the skip)
 import test_pytorch_equivalence as equivalence  # noqa: E402
-from test_example import COMMON  # noqa: E402
+import test_example as example_checks  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -63,70 +63,19 @@ def test_bagpipe_equals_pure_pytorch_on_the_gpu(example, optimizer, lr, cache, t
 
 @pytest.mark.parametrize("trainers", [1, 2])
 def test_example_cache_modes_end_bit_identical_on_the_gpu(example, tmp_path, trainers):
-    summaries = {}
-    for mode in ["off", "oracle", "lru"]:
-        out = str(tmp_path / mode)
-        summaries[mode] = example.main(COMMON + ["--device", "cuda", "--cache", mode,
-                                                 "--trainers", str(trainers), "--out", out,
-                                                 "--dump-params", out])
-    off = summaries["off"]
-    assert off["device"] == "cuda" and off["trainers"] == trainers and off["iterations"] == 14
-    assert off["fills"] > 0 and "eval" in off
-    for mode in ["oracle", "lru"]:
-        run = summaries[mode]
-        assert run["params_sha256"] == off["params_sha256"], f"{mode} T={trainers} differs"
-        assert run["train_loss"] == off["train_loss"]
-        assert run["hit_rate"] > 0.2, f"{mode}: the cache served no rows"
-        if trainers == 2:
-            assert run["exchanged_rows"] > 0, f"{mode}: no shared-row gradient was exchanged"
+    example_checks.check_cache_modes_end_bit_identical(example, tmp_path, trainers, "cuda")
 
 
-def stream_losses(side_stream):
-    """The losses of a small embedding-bag + linear loop (Adagrad, 2 trainers, oracle), each
-    trainer's on a stream of its own (side_stream) or on PyTorch's default stream, and the
-    trainers' hits."""
+def test_a_side_stream_per_trainer_gets_the_default_streams_result(tmp_path):
+    # The device contract: the runtime waits for the work the loop queued on PyTorch's current
+    # stream, and that stream waits for the runtime's. Each trainer on a stream of its own must
+    # end with the parameters of the loop on the default stream.
     config = checkpoint.make_config("oracle", 2, iterations=12, device="cuda")
-
-    def train(trainer):
-        tables = bagpipe.EmbeddingBags(trainer)
-        inputs = trainer.num_tables * trainer.dim + trainer.num_dense
-        head = torch.nn.Linear(inputs, 1)
-        with torch.no_grad():
-            head.weight.copy_(torch.linspace(-0.1, 0.1, inputs).view(1, -1))
-            head.bias.zero_()
-        head.to(trainer.device)
-        optimizer = torch.optim.Adagrad(head.parameters(), lr=0.05, eps=1e-10)
-        losses = []
-        stream = torch.cuda.Stream() if side_stream else torch.cuda.default_stream()
-        with torch.cuda.stream(stream):
-            for batch in trainer:
-                assert batch.dense.is_cuda and batch.labels.is_cuda
-                # Work queued on this stream before the lookup: the runtime must wait for it.
-                dense = batch.dense * 1.0
-                x = torch.cat([tables(batch).flatten(1), dense], dim=1)
-                loss = torch.nn.functional.binary_cross_entropy_with_logits(
-                    head(x).squeeze(1), batch.labels, reduction="sum") / batch.global_batch_size
-                optimizer.zero_grad()
-                loss.backward()
-                trainer.all_reduce_gradients(head.parameters())
-                optimizer.step()
-                losses.append(loss.detach())
-            trainer.flush()
-            stats = trainer.stats()
-            trainer.complete(dense=list(head.parameters()))
-        return [float(loss) for loss in losses], stats["hits"]
-
-    with bagpipe.Job(config) as job:
-        results = job.run_trainers(train)
-        job.finish()
-    return results
-
-
-def test_a_side_stream_gets_the_default_streams_results():
-    default = stream_losses(side_stream=False)
-    side = stream_losses(side_stream=True)
-    assert all(hits > 0 for _, hits in default + side)
-    assert [losses for losses, _ in side] == [losses for losses, _ in default]
+    default, _ = checkpoint.run(config, tmp_path, "default")
+    side, _ = checkpoint.run(config, tmp_path, "side",
+                             context=lambda: torch.cuda.stream(torch.cuda.Stream()))
+    assert default["hit_rate"] > 0 and default["exchanged_rows"] > 0
+    assert side["params_sha256"] == default["params_sha256"]
 
 
 def test_stopped_and_resumed_on_the_gpu_equals_uninterrupted(tmp_path):

@@ -19,14 +19,16 @@ COMMON = ["--data", DATA, "--batch-size", "256", "--iterations", "14", "--cache-
           "--metrics-interval", "5", "--eval-fraction", "0.05"]
 
 
-@pytest.mark.parametrize("trainers", [1, 2])
-def test_cache_modes_end_bit_identical(example, tmp_path, trainers):
+def check_cache_modes_end_bit_identical(example, tmp_path, trainers, device="cpu"):
+    """Runs the example with each cache mode; returns the `off` run's summary."""
     summaries = {}
     for mode in ["off", "oracle", "lru"]:
         out = str(tmp_path / mode)
         summaries[mode] = example.main(COMMON + ["--cache", mode, "--trainers", str(trainers),
-                                                 "--out", out, "--dump-params", out])
+                                                 "--device", device, "--out", out,
+                                                 "--dump-params", out])
     off = summaries["off"]
+    assert off["device"] == device
     assert off["trainers"] == trainers and off["iterations"] == 14
     assert off["model"] == "pytorch-dlrm" and off["eps"] == pytest.approx(1e-10)
     assert off["dense_lr"] == pytest.approx(0.1)
@@ -40,6 +42,12 @@ def test_cache_modes_end_bit_identical(example, tmp_path, trainers):
         if trainers == 2:
             assert run["exchanged_rows"] > 0, f"{mode}: no shared-row gradient was exchanged"
     assert off["hit_rate"] == 0
+    return off
+
+
+@pytest.mark.parametrize("trainers", [1, 2])
+def test_cache_modes_end_bit_identical(example, tmp_path, trainers):
+    check_cache_modes_end_bit_identical(example, tmp_path, trainers)
     # The runs are bagpipe runs: compare reads them (summary, metrics, params.bin).
     result = subprocess.run([BAGPIPE_BINARY, "compare", str(tmp_path / "off"),
                              str(tmp_path / "oracle")], capture_output=True, text=True)

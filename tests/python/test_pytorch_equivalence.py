@@ -74,9 +74,12 @@ def torch_optimizer(params, kind, lr, eps):
     return torch.optim.Adagrad(params, lr=lr, eps=eps)
 
 
-def bagpipe_losses(example, config, schema, batches, model_name="dlrm"):
+def bagpipe_losses(example, config, schema, batches, model_name="dlrm", backward=None,
+                   per_trainer=False):
     """The global batch's loss at every iteration (the sum of the trainers' shard losses, each
-    already divided by the global batch size) and every trainer's stats."""
+    already divided by the global batch size) and every trainer's stats; with per_trainer, each
+    trainer's (losses, stats). ``backward(loss)`` runs the backward pass (default
+    ``loss.backward()``)."""
     flags = {"model": model_name, "bottom": f"{NUM_DENSE}-16-{DIM}", "top": "16-1"}
 
     def train(trainer):
@@ -89,7 +92,10 @@ def bagpipe_losses(example, config, schema, batches, model_name="dlrm"):
         for batch in trainer:
             loss = loss_of(model(batch.dense, batch), batch.labels, batch.global_batch_size)
             optimizer.zero_grad()
-            loss.backward()
+            if backward is None:
+                loss.backward()
+            else:
+                backward(loss)
             trainer.all_reduce_gradients(model.parameters())
             optimizer.step()
             losses.append(loss.item())
@@ -102,6 +108,8 @@ def bagpipe_losses(example, config, schema, batches, model_name="dlrm"):
         results = job.run_trainers(train)
         job.finish()
     assert len(results) == (config.trainers or 1)  # 0: the default, one trainer
+    if per_trainer:
+        return results
     losses = [sum(shard) for shard in zip(*(losses for losses, _ in results))]
     return losses, [stats for _, stats in results]
 
@@ -200,38 +208,6 @@ def test_the_comparison_can_fail(example):
     assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) > 1e-6
 
 
-def shared_thread_losses(example, config, schema, batches, backward_thread):
-    """bagpipe_losses' loop, except that every trainer's loss.backward() runs on
-    `backward_thread` (an executor of one thread shared by the trainers, as PyTorch's autograd
-    runs the backward of CUDA operations on one thread per device), or on the loop's own thread
-    when it is None."""
-    flags = {"model": "dlrm", "bottom": f"{NUM_DENSE}-16-{DIM}", "top": "16-1"}
-
-    def train(trainer):
-        model = example.build_model(flags, trainer, len(TABLE_ROWS), NUM_DENSE, DIM, config.seed)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        losses = []
-        for batch in trainer:
-            loss = loss_of(model(batch.dense, batch), batch.labels, batch.global_batch_size)
-            optimizer.zero_grad()
-            if backward_thread is None:
-                loss.backward()
-            else:
-                backward_thread.submit(loss.backward).result()
-            trainer.all_reduce_gradients(model.parameters())
-            optimizer.step()
-            losses.append(loss.item())
-        trainer.flush()
-        stats = trainer.stats()
-        trainer.complete(dense=list(model.parameters()))
-        return losses, stats
-
-    with bagpipe.Job(config, data=batches, schema=schema) as job:
-        results = job.run_trainers(train)
-        job.finish()
-    return results
-
-
 def test_trainers_sharing_one_backward_thread_do_not_wait_for_each_other(example):
     # On a GPU every trainer's backward pass runs on autograd's one thread for that device. A
     # trainer that ended its iteration there would wait for the others' shared-row gradients
@@ -242,9 +218,10 @@ def test_trainers_sharing_one_backward_thread_do_not_wait_for_each_other(example
                             deterministic=True, trainers=2, peer_timeout=20)
     schema = bagpipe.Schema(table_rows=TABLE_ROWS, num_dense=NUM_DENSE)
     batches = make_batches(seed=11)
-    own = shared_thread_losses(example, config, schema, batches, None)
+    own = bagpipe_losses(example, config, schema, batches, per_trainer=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as backward_thread:
-        shared = shared_thread_losses(example, config, schema, batches, backward_thread)
+        shared = bagpipe_losses(example, config, schema, batches, per_trainer=True,
+                                backward=lambda loss: backward_thread.submit(loss.backward).result())
     for (losses, stats), (own_losses, _) in zip(shared, own):
         assert len(losses) == ITERATIONS and stats["hits"] > 0 and stats["exchanged_rows"] > 0
         assert losses == own_losses  # bit for bit: the same iterations, ended in the same order
