@@ -130,6 +130,12 @@ python_bindings() {
       >"$2" || true
   echo "$(wc -l <"$2") bindings of the extension's stream symbols; to:"
   sed -n 's/.* to \([^ ]*\) .*/\1/p' "$2" | sort | uniq -c
+  # Calls that go through the PLT to libstdc++'s std::ostream::_M_insert<long>: none would mean
+  # the module calls a copy of its own.
+  local module
+  module="$(ls "$1"/python/bagpipe/_core*.so | head -n 1)"
+  echo "plt calls to std::ostream::_M_insert<long>: $(objdump -d --no-show-raw-insn "$module" |
+    grep -c '<_ZNSo9_M_insertIlEERSoT_@plt>')" | tee -a "$2"
 }
 
 # Every step: its name, then its command (one string, run by bash). --dry-run prints them.
@@ -300,14 +306,19 @@ junit_row("python_tests.xml", "python tests", "none should be")
 bindings = os.path.join(out, "python_bindings.log")
 if os.path.exists(bindings):
     targets = {}
+    plt_calls = "?"
     with open(bindings) as f:
         for line in f:
-            if " to " in line:
+            if line.startswith("plt calls"):
+                plt_calls = line.rsplit(":", 1)[1].strip()
+            elif " to " in line:
                 target = line.split(" to ", 1)[1].split(" ", 1)[0]
                 targets[target] = targets.get(target, 0) + 1
     rows.append(("python: where the extension's stream symbols bind",
                  ", ".join(f"{os.path.basename(t)} ({n})" for t, n in sorted(targets.items()))
-                 or "none logged", "libstdc++.so.6 alone is right"))
+                 or "none logged", f"libstdc++.so.6 alone is right; calls to "
+                 f"std::ostream::_M_insert<long> through the PLT: {plt_calls} "
+                 "(0: a copy of its own)"))
 
 
 def modes_rows(path, label):
