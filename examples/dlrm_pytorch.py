@@ -35,21 +35,10 @@ import torch
 import bagpipe
 
 
-def _init_linear(layer, generator):
-    # DLRM's initialisation, drawn from a seeded generator so that every trainer's replica (and
-    # every run) starts from the same dense parameters.
-    fan_out, fan_in = layer.weight.shape
-    with torch.no_grad():
-        layer.weight.normal_(0.0, (2.0 / (fan_in + fan_out)) ** 0.5, generator=generator)
-        layer.bias.normal_(0.0, (1.0 / fan_out) ** 0.5, generator=generator)
-
-
-def mlp(sizes, relu_last, generator):
+def mlp(sizes, relu_last):
     layers = []
     for i in range(len(sizes) - 1):
-        linear = torch.nn.Linear(sizes[i], sizes[i + 1])
-        _init_linear(linear, generator)
-        layers.append(linear)
+        layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
         if relu_last or i < len(sizes) - 2:
             layers.append(torch.nn.ReLU())
     return torch.nn.Sequential(*layers)
@@ -62,10 +51,18 @@ class DLRM(torch.nn.Module):
 
     def __init__(self, num_tables, dim, bottom, top, embeddings, seed):
         super().__init__()
-        generator = torch.Generator().manual_seed(seed)
-        self.bottom = mlp(bottom, relu_last=True, generator=generator)
+        self.bottom = mlp(bottom, relu_last=True)
         interactions = (num_tables + 1) * num_tables // 2
-        self.top = mlp([dim + interactions] + top, relu_last=False, generator=generator)
+        self.top = mlp([dim + interactions] + top, relu_last=False)
+        # DLRM's initialisation (normal, std sqrt(2 / (in + out)) for weights and sqrt(1 / out)
+        # for biases), the very values `bagpipe train --model dlrm` starts from: every trainer's
+        # replica and every run start alike, and the two implementations can be compared.
+        linears = [m for m in (*self.bottom, *self.top) if isinstance(m, torch.nn.Linear)]
+        initial = bagpipe.initial_dense_parameters(bottom[0], num_tables, dim, bottom, top, seed)
+        with torch.no_grad():
+            for layer, (weight, bias) in zip(linears, initial, strict=True):
+                layer.weight.copy_(weight)
+                layer.bias.copy_(bias)
         self.embeddings = embeddings
         rows, cols = torch.tril_indices(num_tables + 1, num_tables + 1, offset=-1)
         self.register_buffer("rows", rows, persistent=False)
@@ -86,11 +83,11 @@ class LogReg(torch.nn.Module):
 
     def __init__(self, num_tables, dim, embeddings, seed):
         super().__init__()
-        generator = torch.Generator().manual_seed(seed)
         self.linear = torch.nn.Linear(num_tables * dim, 1)
+        weight, bias = bagpipe.initial_logreg_parameters(num_tables, dim, seed)  # as the C++ one
         with torch.no_grad():
-            self.linear.weight.uniform_(-0.05, 0.05, generator=generator)
-            self.linear.bias.zero_()
+            self.linear.weight.copy_(weight)
+            self.linear.bias.copy_(bias)
         self.embeddings = embeddings
 
     def forward(self, dense, sparse):

@@ -68,11 +68,12 @@ linked, so one build serves any PyTorch with DLPack support.
 
 from bagpipe.errors import ConfigError, Error, JobError, Stopped, UsageError
 from bagpipe.job import (Batch, Config, Job, MetricsWriter, Schema, Trainer,
-                         initial_embedding_weights, parse_train_args)
+                         initial_dense_parameters, initial_embedding_weights,
+                         initial_logreg_parameters, parse_train_args)
 from bagpipe.nn import EmbeddingBags
 
 __all__ = [
     "Batch", "Config", "ConfigError", "EmbeddingBags", "Error", "Job", "JobError",
-    "MetricsWriter", "Schema", "Stopped", "Trainer", "UsageError", "initial_embedding_weights",
-    "parse_train_args",
+    "MetricsWriter", "Schema", "Stopped", "Trainer", "UsageError", "initial_dense_parameters",
+    "initial_embedding_weights", "initial_logreg_parameters", "parse_train_args",
 ]

@@ -71,6 +71,23 @@ def initial_embedding_weights(config, schema):
             for t in range(len(rows))]
 
 
+def initial_dense_parameters(num_dense, num_tables, dim, bottom, top, seed):
+    """The layers of ``bagpipe train --model dlrm``'s dense model as it starts them: a list of
+    (weight [out, in], bias [out]) float32 tensors, the bottom MLP's layers then the top MLP's
+    (``bottom`` from num_dense to dim; ``top`` after the dot interaction, ending in 1). A
+    torch.nn DLRM loaded with them starts where the C++ one does."""
+    return [(torch.from_numpy(weight), torch.from_numpy(bias))
+            for weight, bias in _core.initial_dense_parameters(
+                int(num_dense), int(num_tables), int(dim), [int(s) for s in bottom],
+                [int(s) for s in top], int(seed))]
+
+
+def initial_logreg_parameters(num_tables, dim, seed):
+    """``bagpipe train --model logreg``'s initial (weight [1, tables * dim], bias [1])."""
+    weight, bias = _core.initial_logreg_parameters(int(num_tables), int(dim), int(seed))
+    return torch.from_numpy(weight), torch.from_numpy(bias)
+
+
 class Batch:
     """One iteration's local batch: ``dense`` [n, num_dense] and ``labels`` [n] (float32 tensors
     on the trainer's device, owned by the caller), ``num_samples`` (n, this trainer's share),

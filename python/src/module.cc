@@ -6,6 +6,7 @@
 //   parse_train_args   `bagpipe train`'s flags (apps/train_flags.h) -> (Config, other flags)
 //   MetricsWriter      core/metrics.h JsonLinesWriter
 //   initial_rows       core/row_init.h: a table's initial rows, as the servers create them
+//   initial_dense_parameters, initial_logreg_parameters  the C++ heads' initial parameters
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -16,6 +17,8 @@
 #include "apps/train_flags.h"
 #include "core/metrics.h"
 #include "core/row_init.h"
+#include "model/dense_model.h"
+#include "model/logreg_head.h"
 #include "pybind11/numpy.h"
 #include "pybind11/pybind11.h"
 #include "pybind11/stl.h"
@@ -325,6 +328,58 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("seed"), py::arg("dim"), py::arg("table_rows"), py::arg("table"),
       "The initial rows [rows x dim] of `table`, exactly as the embedding servers create them.");
+  m.def(
+      "initial_dense_parameters",
+      [](int num_dense, int num_tables, int dim, std::vector<int> bottom, std::vector<int> top,
+         uint64_t seed) {
+        DenseModelConfig config;
+        config.num_dense = num_dense;
+        config.num_tables = num_tables;
+        config.dim = dim;
+        config.bottom = std::move(bottom);
+        config.top = std::move(top);
+        config.seed = seed;
+        config.deterministic = false;  // true would set OpenBLAS's threads for the process
+        std::unique_ptr<DenseModel> model =
+            OrRaise(DenseModel::Create(DeviceContext::Cpu(), std::move(config)));
+        std::vector<float> flat;
+        if (absl::Status status = model->ReadParameters(&flat); !status.ok()) {
+          RaiseError("JobError", std::string(status.message()));
+        }
+        py::list layers;
+        for (const DenseModel::LayerShape& layer : model->layers()) {
+          py::array_t<float> weight({layer.out, layer.in});
+          std::copy_n(flat.data() + layer.weight_offset, static_cast<size_t>(layer.in) * layer.out,
+                      weight.mutable_data());
+          py::array_t<float> bias(layer.out);
+          std::copy_n(flat.data() + layer.bias_offset, layer.out, bias.mutable_data());
+          layers.append(py::make_tuple(weight, bias));
+        }
+        return layers;
+      },
+      py::arg("num_dense"), py::arg("num_tables"), py::arg("dim"), py::arg("bottom"),
+      py::arg("top"), py::arg("seed"),
+      "The C++ DLRM's initial layers (bottom MLP, then top MLP), as `bagpipe train --model dlrm` "
+      "starts them: a list of (weight [out x in], bias [out]).");
+  m.def(
+      "initial_logreg_parameters",
+      [](int num_tables, int dim, uint64_t seed) {
+        std::unique_ptr<LogRegHead> head =
+            OrRaise(LogRegHead::Create(DeviceContext::Cpu(), num_tables, dim, seed, {}));
+        std::vector<float> flat;
+        if (absl::Status status = head->ReadParameters(&flat); !status.ok()) {
+          RaiseError("JobError", std::string(status.message()));
+        }
+        const int64_t width = static_cast<int64_t>(flat.size()) - 1;
+        py::array_t<float> weight({int64_t{1}, width});
+        std::copy_n(flat.data(), width, weight.mutable_data());
+        py::array_t<float> bias(1);
+        bias.mutable_data()[0] = flat.back();
+        return py::make_tuple(weight, bias);
+      },
+      py::arg("num_tables"), py::arg("dim"), py::arg("seed"),
+      "The embedding-only logistic regression's initial (weight [1 x tables*dim], bias [1]), as "
+      "`bagpipe train --model logreg` starts them.");
   m.def("cuda_compiled_in", &CudaCompiledIn);
   m.def("launched_by_mpirun", &LaunchedByMpirun);
   m.def("_shutdown", [] {

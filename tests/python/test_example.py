@@ -1,9 +1,13 @@
 """examples/dlrm_pytorch.py, a torch.nn DLRM trained through bagpipe: with the cache (oracle,
 lru) and without it (off) the parameters end bit-identical (--deterministic), with one trainer
 and with two, and the cache really worked: rows were served from it (hits) and, with two
-trainers, gradients of shared rows were exchanged. `bagpipe compare` reads the runs."""
+trainers, gradients of shared rows were exchanged. `bagpipe compare` reads the runs. The
+torch.nn DLRM (and the embedding-only head) is a twin of `bagpipe train`'s C++ model: started
+from the same parameters, the two agree iteration by iteration within float rounding."""
 
+import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -54,6 +58,60 @@ def test_cache_modes_end_bit_identical(example, tmp_path, trainers):
     assert result.returncode == 0, result.stderr
     assert "parameters bit-identical: yes" in result.stdout
     assert os.path.exists(tmp_path / "oracle" / "metrics.jsonl")
+
+
+def every_iteration(args):
+    """`args` with a metrics line per iteration."""
+    i = args.index("--metrics-interval")
+    return args[:i] + args[i + 2:] + ["--metrics-interval", "1"]
+
+
+def train_losses(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [r["loss"] for r in map(json.loads, f) if r.get("kind") == "train"]
+
+
+@pytest.mark.parametrize("model,cache,trainers", [("dlrm", "oracle", 1), ("dlrm", "lru", 2),
+                                                  ("logreg", "oracle", 1)])
+def test_the_torch_model_is_a_twin_of_bagpipe_trains_cpp_model(example, tmp_path, model, cache,
+                                                                trainers):
+    # The same flags through `bagpipe train` (the C++ DLRM or logistic regression) and through
+    # the example (torch.nn, started from bagpipe.initial_dense_parameters): the same losses at
+    # every iteration and the same parameters at the end, up to float rounding (the two sum
+    # their matrix products in different orders).
+    args = every_iteration(COMMON) + ["--bottom", "13-16-8", "--model", model, "--cache", cache,
+                                      "--trainers", str(trainers)]
+    cpp, torch_run = str(tmp_path / "cpp"), str(tmp_path / "torch")
+    result = subprocess.run([BAGPIPE_BINARY, "train"] + args + ["--out", cpp, "--dump-params", cpp],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    summary = example.main(args + ["--out", torch_run, "--dump-params", torch_run])
+    assert summary["hit_rate"] > 0 and summary["fills"] > 0
+    if trainers > 1:
+        assert summary["exchanged_rows"] > 0
+    ours, theirs = train_losses(torch_run), train_losses(cpp)
+    assert len(ours) == len(theirs) == 14
+    worst = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
+    assert worst <= 1e-5, f"{model}: losses differ by {worst:.2e} (relative)\n{ours}\n{theirs}"
+    compared = subprocess.run([BAGPIPE_BINARY, "compare", cpp, torch_run], capture_output=True,
+                              text=True)
+    assert compared.returncode == 0, compared.stderr
+    found = re.search(r"max \|a - b\|: dense ([0-9.e+-]+), embedding rows ([0-9.e+-]+)",
+                      compared.stdout)
+    assert found, compared.stdout
+    dense, rows = float(found.group(1)), float(found.group(2))
+    assert dense <= 1e-5 and rows <= 1e-4, compared.stdout
+
+
+def test_the_twin_comparison_can_fail(example, tmp_path):
+    # Another seed for the torch model's start is visible in the losses.
+    args = every_iteration(COMMON) + ["--bottom", "13-16-8", "--cache", "oracle"]
+    cpp, torch_run = str(tmp_path / "cpp"), str(tmp_path / "torch")
+    subprocess.run([BAGPIPE_BINARY, "train"] + args + ["--out", cpp], check=True,
+                   capture_output=True)
+    example.main(args + ["--out", torch_run, "--seed", "2"])
+    ours, theirs = train_losses(torch_run), train_losses(cpp)
+    assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) > 1e-3
 
 
 def test_logreg_head_and_a_second_seed_change_the_result(example, tmp_path):
