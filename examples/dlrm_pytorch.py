@@ -155,8 +155,8 @@ PHASES = ("wait", "boundary", "lookup", "reduce", "sync", "apply", "allreduce")
 
 def train(trainer, config, flags, metrics):
     """One trainer's whole loop: training, flush, held-out evaluation, outcome."""
-    # Built on the CPU from the seeded generator (the same start on every device), then moved to
-    # the trainer's device, where the batch's tensors and the pooled embeddings are.
+    # Built on the CPU from the C++ model's initial parameters (the same start on every device and
+    # every trainer), then moved to the trainer's device, where the batch's tensors are.
     model = build_model(flags, trainer, trainer.num_tables, trainer.num_dense, config.dim,
                         config.seed).to(trainer.device)
     optimizer = make_optimizer(model.parameters(), config.dense_optimizer_config())
