@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Checks that a Python extension uses the shared libstdc++ and carries no copy of it.
+# Usage: check_extension_links.sh MODULE.so        check the module
+#        check_extension_links.sh --self-test CXX  check that the check fails on a module with
+#                                                  libstdc++.a linked in (and passes without)
+#
+# The extension shares its process with libstdc++.so.6 (PyTorch, oneTBB and Abseil load it). A
+# module that defines libstdc++'s own functions (std::locale, std::ios_base, the std::ostream
+# inserters: strong definitions, not the weak template copies every C++ object may carry) makes
+# the process use two copies of libstdc++'s state, and the first number formatted through a
+# stream crashes. python/CMakeLists.txt links the shared library first to prevent it.
+set -euo pipefail
+
+die() { echo "check_extension_links: $*" >&2; exit 1; }
+
+# Prints the strong dynamic definitions of $1 that libstdc++.so.6 (the one the process loads,
+# through the module or its dependencies) also exports, and a line when the module itself does
+# not load libstdc++.so.6.
+copies_of_libstdcxx() {
+  local module="$1" shared
+  shared="$(ldd "$module" | awk '/libstdc\+\+\.so\.6/ {print $3; exit}')"
+  if [ -z "$shared" ] || [ ! -e "$shared" ]; then
+    die "ldd $module: no libstdc++.so.6 among its libraries"
+  fi
+  # nm -D --defined-only: "ADDRESS TYPE NAME[@VERSION]"; W/V are weak, u unique, i indirect.
+  nm -D --defined-only "$module" | awk '$2 !~ /^[WVwvui]$/ {print $3}' | sort -u >"$tmp/module"
+  nm -D --defined-only "$shared" | awk '{sub(/@.*/, "", $3); print $3}' | sort -u >"$tmp/shared"
+  comm -12 "$tmp/module" "$tmp/shared"
+  readelf -d "$module" | grep -q 'NEEDED.*\[libstdc++\.so\.6\]' ||
+    echo "(and the module does not load libstdc++.so.6 itself: readelf -d $module)"
+}
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+check() {
+  local module="$1" found
+  [ -f "$module" ] || die "$module: no such file"
+  found="$(copies_of_libstdcxx "$module")"
+  if [ -n "$found" ]; then
+    echo "FAIL: $module carries its own copy of libstdc++ ($(echo "$found" | wc -l) symbols):"
+    echo "$found" | head -n 12 | sed 's/^/  /'
+    echo "  (the C++ compiler linked libstdc++.a into it; link the shared libstdc++ first)"
+    return 1
+  fi
+  echo "ok: $module uses the shared libstdc++.so.6 and defines none of its functions"
+}
+
+if [ "${1:-}" = --self-test ]; then
+  cxx="${2:?usage: $0 --self-test CXX}"
+  cat >"$tmp/m.cc" <<'CC'
+#include <sstream>
+#include <string>
+std::string format_number(long value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+CC
+  # The shared libstdc++ as python/CMakeLists.txt finds it, and links it: ahead of everything.
+  shared=""
+  for name in libstdc++.so libstdc++.so.6; do
+    shared="$("$cxx" -print-file-name=$name)"
+    if [[ "$shared" == /* && -e "$shared" ]]; then break; fi
+    shared=""
+  done
+  [ -n "$shared" ] || { echo "SKIPPED: $cxx finds no shared libstdc++"; exit 77; }
+  "$cxx" -shared -fPIC -O1 -Wl,--push-state,--no-as-needed "$shared" -Wl,--pop-state \
+    -o "$tmp/shared.so" "$tmp/m.cc" || die "$cxx cannot build a shared module"
+  check "$tmp/shared.so" || die "the check fails on a module linked with the shared libstdc++"
+  # What a toolchain whose -lstdc++ finds the archive first does: libstdc++.a, then the shared
+  # library (a dependency's).
+  if ! "$cxx" -shared -fPIC -O1 -o "$tmp/static.so" "$tmp/m.cc" -Wl,-Bstatic -lstdc++ \
+       -Wl,-Bdynamic -Wl,--no-as-needed "$shared" 2>"$tmp/err"; then
+    echo "SKIPPED: $cxx cannot link libstdc++.a into a shared module: $(head -n 1 "$tmp/err")"
+    exit 77
+  fi
+  if check "$tmp/static.so" >"$tmp/out"; then
+    cat "$tmp/out"
+    die "the check passed a module with libstdc++.a linked in"
+  fi
+  echo "ok: the check refuses a module with libstdc++.a linked in:"
+  sed 's/^/  /' "$tmp/out"
+  exit 0
+fi
+
+[ $# -eq 1 ] || die "usage: $0 MODULE.so | --self-test CXX"
+check "$1"
