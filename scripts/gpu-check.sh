@@ -121,23 +121,6 @@ if [ -n "$debs" ] && [ "$dry_run" -eq 0 ]; then
   compgen -G "$debs/*.deb" >/dev/null || die "--debs $debs: no .deb files there"
 fi
 
-# Where the Python extension's references to libstdc++'s stream code (std::ostream, locales,
-# codecvt) bind in a process that imported torch first, as the suites do: LD_DEBUG's bindings of
-# the module built in $1, imported by the python $3, written to $2.
-python_bindings() {
-  PYTHONPATH="$1/python" LD_DEBUG=bindings "$3" -c "import torch, bagpipe" 2>&1 |
-    grep -F "/_core." | grep -E "symbol \`_ZN(So|St6locale|St7codecvt|St8ios_base|St9basic_ios)" \
-      >"$2" || true
-  echo "$(wc -l <"$2") bindings of the extension's stream symbols; to:"
-  sed -n 's/.* to \([^ ]*\) .*/\1/p' "$2" | sort | uniq -c
-  # Calls that go through the PLT to libstdc++'s std::ostream::_M_insert<long>: none would mean
-  # the module calls a copy of its own.
-  local module
-  module="$(ls "$1"/python/bagpipe/_core*.so | head -n 1)"
-  echo "plt calls to std::ostream::_M_insert<long>: $(objdump -d --no-show-raw-insn "$module" |
-    grep -c '<_ZNSo9_M_insertIlEERSoT_@plt>')" | tee -a "$2"
-}
-
 # Every step: its name, then its command (one string, run by bash). --dry-run prints them.
 steps=()
 add_step() { steps+=("$1" "$2"); }
@@ -169,14 +152,13 @@ fi
 add_step "cuda tests" "ctest --test-dir '$build_dir' -R 'Cuda|Nccl|nccl|DeviceTest|CpuStreams' \
 -E '^cpu_streams_' --output-on-failure --timeout 600 --output-junit '$out_dir/cuda_tests.xml'"
 # The Python package's suites with this machine's PyTorch, test_cuda.py (torch.nn models trained
-# on the GPU through bagpipe) among them. First, where the extension's libstdc++ stream symbols
-# bind once torch is loaded (python_bindings.log; the table names the libraries): a stream
-# operation that binds outside libstdc++.so.6 crashes (bench/RESULTS.md, "PyTorch on a GPU").
+# on the GPU through bagpipe) among them, and the checks that the extension and the programs use
+# the shared libstdc++ and carry no copy of it (this machine's GCC keeps only libstdc++.a in its
+# own directory: cmake/BagpipeLibstdcxx.cmake).
 add_step "python tests" "if ! ninja -C '$build_dir' -t targets all | grep -q '^bagpipe_python:'; \
 then echo 'no Python package in this build: see configure.log for what CMake did not find'; \
 exit 1; fi; cmake --build '$build_dir' -j \$(nproc) --target bagpipe_python && \
-python_bindings '$build_dir' '$out_dir/python_bindings.log' '${python3_path:-python3}' && \
-ctest --test-dir '$build_dir' -L python --output-on-failure -j 6 --timeout 300 \
+ctest --test-dir '$build_dir' -R '^python_|libstdcxx' --output-on-failure -j 6 --timeout 300 \
 --output-junit '$out_dir/python_tests.xml'"
 # The job end to end on the GPU with every cache mode (small model, 26 small tables):
 # parameters must be identical across modes.
@@ -214,7 +196,7 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 
-export -f unpack_debs python_bindings
+export -f unpack_debs
 status_file="$out_dir/steps.tsv"
 deadline=0
 [ "$time_limit" -gt 0 ] && deadline=$(( $(date +%s) + time_limit ))
@@ -302,23 +284,6 @@ def junit_row(file, label, skipped_note):
 junit_row("cuda_tests.xml", "CUDA tests",
           "on one GPU, the multi-GPU ones should be the only ones")
 junit_row("python_tests.xml", "python tests", "none should be")
-
-bindings = os.path.join(out, "python_bindings.log")
-if os.path.exists(bindings):
-    targets = {}
-    plt_calls = "?"
-    with open(bindings) as f:
-        for line in f:
-            if line.startswith("plt calls"):
-                plt_calls = line.rsplit(":", 1)[1].strip()
-            elif " to " in line:
-                target = line.split(" to ", 1)[1].split(" ", 1)[0]
-                targets[target] = targets.get(target, 0) + 1
-    rows.append(("python: where the extension's stream symbols bind",
-                 ", ".join(f"{os.path.basename(t)} ({n})" for t, n in sorted(targets.items()))
-                 or "none logged", f"libstdc++.so.6 alone is right; calls to "
-                 f"std::ostream::_M_insert<long> through the PLT: {plt_calls} "
-                 "(0: a copy of its own)"))
 
 
 def modes_rows(path, label):

@@ -1,33 +1,33 @@
 #!/usr/bin/env bash
-# Checks that a Python extension uses the shared libstdc++ and carries no copy of it.
-# Usage: check_extension_links.sh MODULE.so        check the module
-#        check_extension_links.sh --self-test CXX  check that the check fails on a module with
+# Checks that a program or a Python extension uses the shared libstdc++ and carries no copy of it.
+# Usage: shared_libstdcxx_test.sh BINARY           check the program or module
+#        shared_libstdcxx_test.sh --self-test CXX  check that the check fails on a module with
 #                                                  libstdc++.a linked in (and passes without)
 #
-# The extension shares its process with libstdc++.so.6 (PyTorch, oneTBB and Abseil load it). A
-# module that defines libstdc++'s own functions (std::locale, std::ios_base, the std::ostream
-# inserters: strong definitions, not the weak template copies every C++ object may carry) makes
-# the process use two copies of libstdc++'s state, and the first number formatted through a
-# stream crashes. python/CMakeLists.txt links the shared library first to prevent it.
+# Bagpipe's processes hold libstdc++.so.6 (oneTBB, Abseil, and PyTorch around the extension load
+# it). A binary that defines libstdc++'s own functions (std::locale, std::ios_base, the
+# std::ostream inserters: strong definitions, not the weak template copies every C++ object may
+# carry) makes the process use two copies of libstdc++'s state, and the first number formatted
+# through a stream may crash. cmake/BagpipeLibstdcxx.cmake links the shared library first.
 set -euo pipefail
 
-die() { echo "check_extension_links: $*" >&2; exit 1; }
+die() { echo "shared_libstdcxx_test: $*" >&2; exit 1; }
 
 # Prints the strong dynamic definitions of $1 that libstdc++.so.6 (the one the process loads,
-# through the module or its dependencies) also exports, and a line when the module itself does
+# through the binary or its dependencies) also exports, and a line when the binary itself does
 # not load libstdc++.so.6.
 copies_of_libstdcxx() {
-  local module="$1" shared
-  shared="$(ldd "$module" | awk '/libstdc\+\+\.so\.6/ {print $3; exit}')"
+  local binary="$1" shared
+  shared="$(ldd "$binary" | awk '/libstdc\+\+\.so\.6/ {print $3; exit}')"
   if [ -z "$shared" ] || [ ! -e "$shared" ]; then
-    die "ldd $module: no libstdc++.so.6 among its libraries"
+    die "ldd $binary: no libstdc++.so.6 among its libraries"
   fi
   # nm -D --defined-only: "ADDRESS TYPE NAME[@VERSION]"; W/V are weak, u unique, i indirect.
-  nm -D --defined-only "$module" | awk '$2 !~ /^[WVwvui]$/ {print $3}' | sort -u >"$tmp/module"
+  nm -D --defined-only "$binary" | awk '$2 !~ /^[WVwvui]$/ {print $3}' | sort -u >"$tmp/binary"
   nm -D --defined-only "$shared" | awk '{sub(/@.*/, "", $3); print $3}' | sort -u >"$tmp/shared"
-  comm -12 "$tmp/module" "$tmp/shared"
-  readelf -d "$module" | grep -q 'NEEDED.*\[libstdc++\.so\.6\]' ||
-    echo "(and the module does not load libstdc++.so.6 itself: readelf -d $module)"
+  comm -12 "$tmp/binary" "$tmp/shared"
+  readelf -d "$binary" | grep -q 'NEEDED.*\[libstdc++\.so\.6\]' ||
+    echo "(and the binary does not load libstdc++.so.6 itself: readelf -d $binary)"
 }
 
 tmp="$(mktemp -d)"
@@ -57,7 +57,7 @@ std::string format_number(long value) {
   return out.str();
 }
 CC
-  # The shared libstdc++ as python/CMakeLists.txt finds it, and links it: ahead of everything.
+  # The shared libstdc++ as cmake/BagpipeLibstdcxx.cmake finds it, and links it: ahead of everything.
   shared=""
   for name in libstdc++.so libstdc++.so.6; do
     shared="$("$cxx" -print-file-name=$name)"
@@ -84,5 +84,5 @@ CC
   exit 0
 fi
 
-[ $# -eq 1 ] || die "usage: $0 MODULE.so | --self-test CXX"
+[ $# -eq 1 ] || die "usage: $0 BINARY | --self-test CXX"
 check "$1"
