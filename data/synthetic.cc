@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -271,8 +272,10 @@ double GeneralizedHarmonic(int64_t n, double alpha) {
 absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
   SyntheticConfig config;
   bool explicit_rows = false;
+  bool explicit_tables = false;
   int tables = static_cast<int>(CriteoKaggleTableRows().size());
   double scale = 1.0;
+  absl::flat_hash_set<std::string> seen;
   for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
     const std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
     if (kv.size() != 2 || kv[0].empty() || kv[1].empty()) {
@@ -283,6 +286,10 @@ absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
     }
     const std::string& key = kv[0];
     const std::string& value = kv[1];
+    // A key given twice is a mistake (which one was meant?), not "the last one wins".
+    if (!seen.insert(key).second) {
+      return absl::InvalidArgumentError(absl::StrCat("synthetic: '", key, "' is given twice"));
+    }
     if (key == "samples") {
       ASSIGN_OR_RETURN(config.samples, ParseInt(key, value));
       if (config.samples < 0) return absl::InvalidArgumentError("synthetic: samples must be >= 0");
@@ -294,9 +301,14 @@ absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
                          CriteoKaggleTableRows().size(), "] (use rows=a/b/c for other shapes)"));
       }
       tables = static_cast<int>(k);
+      explicit_tables = true;
     } else if (key == "rows") {
       config.table_rows.clear();
       for (absl::string_view part : absl::StrSplit(value, '/')) {
+        if (part.empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("synthetic: rows=", value, " has an empty entry (rows=a/b/c)"));
+        }
         ASSIGN_OR_RETURN(const int64_t rows, ParseInt(key, std::string(part)));
         if (rows < 1) return absl::InvalidArgumentError("synthetic: every table needs >= 1 row");
         config.table_rows.push_back(rows);
@@ -349,6 +361,14 @@ absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
   if (!explicit_rows) {
     config.table_rows.assign(CriteoKaggleTableRows().begin(),
                              CriteoKaggleTableRows().begin() + tables);
+  } else if (explicit_tables && static_cast<int>(config.table_rows.size()) != tables) {
+    // tables=N with rows=R: N tables of R rows each; with rows=a/b/c the counts must agree.
+    if (config.table_rows.size() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("synthetic: tables=", tables, " but rows= lists ", config.table_rows.size(),
+                       " tables (give one count for all, or ", tables, ")"));
+    }
+    config.table_rows.assign(static_cast<size_t>(tables), config.table_rows[0]);
   }
   // Global row ids linearise every table: the total must stay far from the int64 range.
   constexpr double kMaxRows = 0x1p62;

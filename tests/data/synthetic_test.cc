@@ -15,6 +15,7 @@
 namespace bagpipe {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 std::unique_ptr<SampleSource> Open(const std::string& spec) {
@@ -190,11 +191,27 @@ TEST(SyntheticTest, BadSpecsNameTheProblem) {
                                          {"rows=10/0", ">= 1 row"},
                                          {"pooling=5-2", "pooling=5-2"},
                                          {"colour=blue", "unknown key 'colour'"},
-                                         {"samples", "not key=value"}}) {
+                                         {"samples", "not key=value"},
+                                         {"samples=10,samples=20", "'samples' is given twice"},
+                                         {"rows=5//6", "rows=5//6 has an empty entry"},
+                                         {"rows=5/", "rows=5/ has an empty entry"},
+                                         {"tables=4,rows=10/20", "tables=4 but rows= lists 2"}}) {
     auto config = ParseSyntheticConfig(c.spec);
     ASSERT_FALSE(config.ok()) << c.spec;
     EXPECT_THAT(std::string(config.status().message()), HasSubstr(c.message)) << c.spec;
   }
+}
+
+TEST(SyntheticTest, TablesWithOneRowCountMakesThatManyTablesOfIt) {
+  auto config = ParseSyntheticConfig("tables=4,rows=2000");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_THAT(config->table_rows, ElementsAre(2000, 2000, 2000, 2000));
+  config = ParseSyntheticConfig("rows=2000/500/5000/100,tables=4");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_THAT(config->table_rows, ElementsAre(2000, 500, 5000, 100));
+  config = ParseSyntheticConfig("rows=2000");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_THAT(config->table_rows, ElementsAre(2000));
 }
 
 TEST(SyntheticTest, ScaleShrinksTablesButKeepsTwoRows) {
