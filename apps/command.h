@@ -35,6 +35,11 @@ std::unique_ptr<SampleSource> WithProgress(std::unique_ptr<SampleSource> source,
 // Text for --help describing the data source syntax.
 extern const char kDataHelp[];
 
+// Option checks with messages that say what is wrong ("--dim: 0 must be > 0", "--dim: 'abc' is
+// not a number"); CLI11's PositiveNumber and NonNegativeNumber print their range as 0 to 1.8e308.
+extern const CLI::Validator kPositive;
+extern const CLI::Validator kNonNegative;
+
 Subcommand AddConvertCommand(CLI::App& root);
 Subcommand AddDataStatsCommand(CLI::App& root);
 Subcommand AddSimCommand(CLI::App& root);

@@ -1,6 +1,7 @@
 #include <filesystem>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "apps/command.h"
 #include "core/progress.h"
@@ -10,13 +11,35 @@ namespace bagpipe {
 
 const char kDataHelp[] =
     "Data sources (--data):\n"
-    "  synthetic[:k=v,...]  seeded Criteo-like stream; keys: samples, tables, rows=a/b/c, scale,\n"
-    "                       alpha (Zipf), pooling=P|MIN-MAX, dense, drift, seed\n"
+    "  synthetic[:k=v,...]  seeded Criteo-like stream; keys: samples, tables, rows=a/b/c (or\n"
+    "                       tables=N,rows=R), scale, alpha (Zipf), pooling=P|MIN-MAX, dense,\n"
+    "                       drift, seed\n"
     "  criteo:PATH          Criteo TSV (Kaggle train.txt, Terabyte day_N); --row-budget N\n"
     "                       hashes categorical values mod N instead of a dictionary\n"
     "  csv:PATH             CSV with a header and --schema, e.g.\n"
     "                       \"label=rating>3.5; dense=year; sparse=userId,movieId,genres\"\n"
     "  bin:PATH             Bagpipe binary columnar file (bagpipe convert)\n";
+
+namespace {
+
+// A check of a number against a bound: "" when `value` is a number and `ok` of it, else the
+// message CLI11 prints after the option's name.
+CLI::Validator NumberCheck(bool (*ok)(double), const char* rule, const char* name) {
+  return CLI::Validator(
+      [ok, rule](std::string& value) -> std::string {
+        double number = 0;
+        if (!absl::SimpleAtod(value, &number)) return absl::StrCat("'", value, "' is not a number");
+        if (!ok(number)) return absl::StrCat(value, " must be ", rule);
+        return "";
+      },
+      name);
+}
+
+}  // namespace
+
+const CLI::Validator kPositive = NumberCheck([](double x) { return x > 0; }, "> 0", "POSITIVE");
+const CLI::Validator kNonNegative =
+    NumberCheck([](double x) { return x >= 0; }, ">= 0", "NONNEGATIVE");
 
 void AddDataFlags(CLI::App* app, DataFlags* flags) {
   app->add_option("--data", flags->data,
@@ -28,7 +51,7 @@ void AddDataFlags(CLI::App* app, DataFlags* flags) {
                 "count and skip malformed lines instead of failing");
   app->add_option("--row-budget", flags->options.row_budget,
                   "Criteo: hash categorical values mod N rows per table (0 = dictionary)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   app->add_option("--max-samples", flags->options.max_samples,
                   "read at most this many samples per epoch (-1 = all)");
   app->add_flag("--quiet,-q", flags->quiet, "no progress bars");

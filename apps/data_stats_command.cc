@@ -21,7 +21,7 @@ Subcommand AddDataStatsCommand(CLI::App& root) {
   AddDataFlags(app, &flags->data);
   app->add_option("--batch-size,-b", flags->batch_size, "global batch size for the working set")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   app->add_flag("--json", flags->json, "print one JSON object instead of the table");
   app->footer(kDataHelp);
   return {app, [flags]() -> absl::Status {

@@ -55,13 +55,13 @@ Subcommand AddSimCommand(CLI::App& root) {
   AddDataFlags(app, &flags->data);
   app->add_option("--batch-size,-b", flags->batch_size, "global batch size")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   app->add_option("--cache-rows", flags->capacities,
                   "cache capacity in rows (across tables); several: C1,C2,...")
       ->required();
   app->add_option("--lookahead,-L", flags->lookahead, "oracle/ttl window in batches")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   app->add_option("--policies", flags->policies,
                   "comma-separated: oracle, belady, lru, lfu, lru-32way, ttl")
       ->capture_default_str();

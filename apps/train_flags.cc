@@ -24,14 +24,14 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
   AddDataFlags(app, &flags->data);
   app->add_option("--batch-size,-b", config.batch_size, "global batch size (all trainers)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   app->add_option("--iterations,-n", config.iterations,
                   "global batches to train (0: --epochs passes over the data)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   app->add_option("--epochs", config.epochs, "passes over the data when --iterations is 0")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   app->add_option("--cache", flags->cache, "oracle, lru, lfu, off or device")
       ->capture_default_str();
   app->add_option("--cache-rows", config.cache_rows,
@@ -43,7 +43,7 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
          "oracle window in batches (Belady within it; L >= 20 is within ~1% of the offline optimum "
          "on skewed data, and the first plan waits for L batches to be read)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   app->add_option("--oracle-split-parts", config.oracle_split_parts,
                   "with one trainer, plan each table above --oracle-split-min-rows rows as this "
                   "many parts, each a task of its own: more of the planner runs in parallel on "
@@ -54,7 +54,7 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
   app->add_option("--oracle-split-min-rows", config.oracle_split_min_rows,
                   "tables above this many rows are split (--oracle-split-parts)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   app->add_option("--optimizer", flags->optimizer,
                   "optimizer of the embedding rows: sgd, adagrad or rowwise-adagrad")
       ->capture_default_str();
@@ -83,7 +83,7 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
                 "bit-identical results run to run and across cache modes (single-threaded BLAS)");
   app->add_option("--dim", config.dim, "embedding dimension")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   app->add_option("--bottom", flags->bottom,
                   "bottom MLP sizes, input first, last = --dim (default DENSE-64-DIM)");
   app->add_option("--top", flags->top, "top MLP sizes after the interaction, last = 1")
@@ -97,7 +97,7 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
       ->check(CLI::Range(1, 64));
   app->add_option("--servers,-S", config.servers, "embedding servers")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   app->add_option("--device", flags->device, "cpu or cuda")->capture_default_str();
   app->add_option("--server-link", flags->server_link,
                   "embedded only: emulate this network link to the servers, e.g. "
@@ -109,7 +109,7 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
   app->add_option("--metrics-out", flags->metrics_out, "interval metrics as JSON lines");
   app->add_option("--metrics-interval", flags->metrics_interval, "iterations per metrics line")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   app->add_option("--summary-json", flags->summary_json, "final figures as JSON");
   app->add_option("--dump-params", flags->dump_params,
                   "write every parameter to DIR/params.bin (see bagpipe compare)");
@@ -117,10 +117,10 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
                   "run directory: metrics.jsonl and summary.json go there unless named");
   app->add_option("--prefetch-depth", config.prefetch_depth, "iterations prefetched ahead")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   app->add_option("--plan-queue-depth", config.plan_queue_depth, "plans queued per trainer")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   app->add_option("--writeback-horizon", config.writeback_horizon,
                   "iterations a server remembers write-back stamps (0: default)")
       ->capture_default_str();

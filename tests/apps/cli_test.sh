@@ -137,6 +137,12 @@ expect_error nan_peer_timeout "--peer-timeout nan: must be a positive, finite" \
   train "${SHORT[@]}" --peer-timeout nan
 expect_error zero_peer_timeout "--peer-timeout 0: must be a positive, finite" \
   train "${SHORT[@]}" --peer-timeout 0
+expect_error zero_batch "--batch-size: 0 must be > 0" train "${SHORT[@]}" --batch-size 0
+expect_error negative_iterations "--iterations: -1 must be >= 0" train "${SHORT[@]}" --iterations -1
+expect_error word_dim "--dim: 'abc' is not a number" train "${SHORT[@]}" --dim abc
+expect_error twice_lr "--lr: At Most 1 required but received 2" train "${SHORT[@]}" --lr 0.1 --lr 0.2
+expect_error twice_synthetic_key "synthetic: 'samples' is given twice" \
+  train --data "synthetic:samples=10,samples=20" --quiet
 # Data without dense features: the DLRM refuses it by name (its bottom MLP needs one); the
 # embedding-only model trains on it.
 NO_DENSE_SCHEMA='label=rating>3.5; sparse=userId,movieId'

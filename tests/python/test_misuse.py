@@ -5,7 +5,6 @@ on another thread or by its data (JobError with the root cause), Ctrl-C in the l
 (KeyboardInterrupt; every thread stops and the process exits)."""
 
 import ctypes
-import os
 import select
 import signal
 import subprocess
@@ -170,6 +169,20 @@ def test_options_that_contradict_each_other_are_config_errors():
     with pytest.raises(SystemExit) as exit_info:
         bagpipe.parse_train_args(["--no-such-flag"])
     assert exit_info.value.code == 2
+
+
+def test_bad_flag_values_and_data_specs_name_what_is_wrong(capsys):
+    for args, message in [(["--batch-size", "0"], "--batch-size: 0 must be > 0"),
+                          (["--iterations", "-1"], "--iterations: -1 must be >= 0"),
+                          (["--dim", "abc"], "--dim: 'abc' is not a number")]:
+        with pytest.raises(SystemExit) as exit_info:
+            bagpipe.parse_train_args(args)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err, args
+    with pytest.raises(bagpipe.ConfigError, match="synthetic: 'samples' is given twice"):
+        bagpipe.Job(small_config(data="synthetic:samples=10,samples=20"))
+    with pytest.raises(bagpipe.ConfigError, match="tables=4 but rows= lists 2 tables"):
+        bagpipe.Job(small_config(data="synthetic:tables=4,rows=10/20"))
 
 
 def test_a_trainer_thread_that_raises_stops_the_others_with_the_root_cause():
