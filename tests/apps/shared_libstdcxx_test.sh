@@ -18,7 +18,10 @@ die() { echo "shared_libstdcxx_test: $*" >&2; exit 1; }
 # not load libstdc++.so.6.
 copies_of_libstdcxx() {
   local binary="$1" shared
-  shared="$(ldd "$binary" | awk '/libstdc\+\+\.so\.6/ {print $3; exit}')"
+  # The binary's own libraries: without a preload (the sanitizer runs preload libstdc++, which
+  # ldd would list on a line of its own, as "PATH (ADDRESS)").
+  shared="$(env -u LD_PRELOAD ldd "$binary" |
+    awk '/libstdc\+\+\.so\.6/ {print ($2 == "=>" ? $3 : $1); exit}')"
   if [ -z "$shared" ] || [ ! -e "$shared" ]; then
     die "ldd $binary: no libstdc++.so.6 among its libraries"
   fi
