@@ -8,8 +8,8 @@
 # first number formatted through a std::ostream crashes on the mixed locale state (it did, in the
 # extension). Naming the shared library explicitly, with --no-as-needed, resolves every
 # libstdc++ symbol there first; where the driver links the shared library anyway (Debian's GCC)
-# nothing changes. tests/python/check_extension_links.sh checks the result (ctest
-# python_extension_links, bagpipe_links_shared_libstdcxx).
+# nothing changes. tests/apps/shared_libstdcxx_test.sh checks the result (ctest
+# python_extension_links, bagpipe_links_shared_libstdcxx, shared_libstdcxx_self_test).
 if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   return()
 endif()
