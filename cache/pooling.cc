@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "core/excerpt.h"
 
 namespace bagpipe {
 
@@ -16,7 +17,8 @@ absl::StatusOr<PoolingMode> ParsePoolingMode(std::string_view text) {
   if (lower == "sum") return PoolingMode::kSum;
   if (lower == "mean") return PoolingMode::kMean;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown pooling '", std::string(text), "' (expected sum or mean)"));
+      absl::StrCat("unknown pooling '", Excerpt(absl::string_view(text.data(), text.size())),
+                   "' (expected sum or mean)"));
 }
 
 }  // namespace bagpipe

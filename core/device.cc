@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/cpu_streams.h"
+#include "core/excerpt.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/tunables.h"
@@ -92,7 +93,8 @@ absl::StatusOr<Backend> ParseBackend(std::string_view text) {
   }
   if (t == "auto") return CudaDeviceCount() > 0 ? Backend::kCuda : Backend::kCpu;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown device '", std::string(text), "' (expected cpu, cuda or auto)"));
+      absl::StrCat("unknown device '", Excerpt(absl::string_view(text.data(), text.size())),
+                   "' (expected cpu, cuda or auto)"));
 }
 
 bool CudaCompiledIn() {
@@ -164,8 +166,9 @@ absl::StatusOr<CpuStreams> ParseCpuStreams(std::string_view text) {
   if (t == "sync" || t == "0") return CpuStreams::kSync;
   if (t == "async" || t == "1") return CpuStreams::kAsync;
   if (t == "lazy" || t == "2") return CpuStreams::kLazy;
-  return absl::InvalidArgumentError(absl::StrCat("unknown CPU stream mode '", std::string(text),
-                                                 "' (expected sync, async or lazy)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown CPU stream mode '", Excerpt(absl::string_view(text.data(), text.size())),
+      "' (expected sync, async or lazy)"));
 }
 
 namespace {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/excerpt.h"
 
 namespace bagpipe {
 
@@ -11,8 +12,9 @@ absl::StatusOr<OptimizerKind> ParseOptimizerKind(std::string_view text) {
   if (text == "sgd") return OptimizerKind::kSgd;
   if (text == "adagrad") return OptimizerKind::kAdagrad;
   if (text == "rowwise-adagrad" || text == "rowwise_adagrad") return OptimizerKind::kRowwiseAdagrad;
-  return absl::InvalidArgumentError(absl::StrCat("unknown optimizer '", std::string(text),
-                                                 "' (expected sgd, adagrad or rowwise-adagrad)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown optimizer '", Excerpt(absl::string_view(text.data(), text.size())),
+                   "' (expected sgd, adagrad or rowwise-adagrad)"));
 }
 
 std::string_view OptimizerName(OptimizerKind kind) {

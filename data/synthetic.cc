@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/excerpt.h"
 #include "core/random.h"
 #include "core/status.h"
 #include "tbb/blocked_range.h"
@@ -140,7 +142,9 @@ class SyntheticSource final : public SampleSource {
   const Schema& schema() const override { return schema_; }
 
   absl::StatusOr<int64_t> Read(int64_t max_samples, Batch* batch) override {
-    const int64_t n = std::min(max_samples, samples_per_epoch_ - position_);
+    // A batch counts samples in int32.
+    const int64_t n = std::min({max_samples, samples_per_epoch_ - position_,
+                                int64_t{std::numeric_limits<int32_t>::max()}});
     const int tables = schema_.num_tables();
     const int dense = config_.dense;
     batch->Reset(dense, tables);
@@ -244,7 +248,7 @@ absl::StatusOr<int64_t> ParseInt(const std::string& key, const std::string& valu
   int64_t parsed = 0;
   if (!absl::SimpleAtoi(value, &parsed)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("synthetic: ", key, "=", value, " is not an integer"));
+        absl::StrCat("synthetic: ", key, "=", Excerpt(value), " is not an integer"));
   }
   return parsed;
 }
@@ -280,7 +284,7 @@ absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
     const std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
     if (kv.size() != 2 || kv[0].empty() || kv[1].empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("synthetic: '", std::string(item),
+          absl::StrCat("synthetic: '", Excerpt(item),
                        "' is not key=value (keys: samples, tables, rows, "
                        "scale, alpha, pooling, dense, drift, seed)"));
     }
@@ -288,16 +292,20 @@ absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
     const std::string& value = kv[1];
     // A key given twice is a mistake (which one was meant?), not "the last one wins".
     if (!seen.insert(key).second) {
-      return absl::InvalidArgumentError(absl::StrCat("synthetic: '", key, "' is given twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("synthetic: '", Excerpt(key), "' is given twice"));
     }
     if (key == "samples") {
       ASSIGN_OR_RETURN(config.samples, ParseInt(key, value));
-      if (config.samples < 0) return absl::InvalidArgumentError("synthetic: samples must be >= 0");
+      if (config.samples < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("synthetic: samples=", Excerpt(value), " must be >= 0"));
+      }
     } else if (key == "tables") {
       ASSIGN_OR_RETURN(const int64_t k, ParseInt(key, value));
       if (k < 1 || k > static_cast<int64_t>(CriteoKaggleTableRows().size())) {
         return absl::InvalidArgumentError(
-            absl::StrCat("synthetic: tables=", value, " must be in [1, ",
+            absl::StrCat("synthetic: tables=", Excerpt(value), " must be in [1, ",
                          CriteoKaggleTableRows().size(), "] (use rows=a/b/c for other shapes)"));
       }
       tables = static_cast<int>(k);
@@ -307,28 +315,31 @@ absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
       for (absl::string_view part : absl::StrSplit(value, '/')) {
         if (part.empty()) {
           return absl::InvalidArgumentError(
-              absl::StrCat("synthetic: rows=", value, " has an empty entry (rows=a/b/c)"));
+              absl::StrCat("synthetic: rows=", Excerpt(value), " has an empty entry (rows=a/b/c)"));
         }
         ASSIGN_OR_RETURN(const int64_t rows, ParseInt(key, std::string(part)));
-        if (rows < 1) return absl::InvalidArgumentError("synthetic: every table needs >= 1 row");
+        if (rows < 1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("synthetic: rows=", Excerpt(value), ": every table needs >= 1 row"));
+        }
         config.table_rows.push_back(rows);
       }
       explicit_rows = true;
     } else if (key == "scale") {
-      if (!absl::SimpleAtod(value, &scale) || !(scale > 0)) {
+      if (!absl::SimpleAtod(value, &scale) || !(scale > 0) || !std::isfinite(scale)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("synthetic: scale=", value, " must be a positive number"));
+            absl::StrCat("synthetic: scale=", Excerpt(value), " must be a finite positive number"));
       }
     } else if (key == "alpha") {
       if (!absl::SimpleAtod(value, &config.alpha) || !(config.alpha > 0) || config.alpha > 10) {
         return absl::InvalidArgumentError(
-            absl::StrCat("synthetic: alpha=", value, " must be a number in (0, 10]"));
+            absl::StrCat("synthetic: alpha=", Excerpt(value), " must be a number in (0, 10]"));
       }
     } else if (key == "pooling") {
       const std::vector<std::string> range = absl::StrSplit(value, '-');
       if (range.size() > 2) {
         return absl::InvalidArgumentError(
-            absl::StrCat("synthetic: pooling=", value, " must be P or MIN-MAX"));
+            absl::StrCat("synthetic: pooling=", Excerpt(value), " must be P or MIN-MAX"));
       }
       ASSIGN_OR_RETURN(const int64_t first, ParseInt(key, range[0]));
       int64_t last = first;
@@ -337,24 +348,29 @@ absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
       }
       if (first < 0 || last < first || last > 1024) {
         return absl::InvalidArgumentError(
-            absl::StrCat("synthetic: pooling=", value, " needs 0 <= MIN <= MAX <= 1024"));
+            absl::StrCat("synthetic: pooling=", Excerpt(value), " needs 0 <= MIN <= MAX <= 1024"));
       }
       config.pooling_min = static_cast<int>(first);
       config.pooling_max = static_cast<int>(last);
     } else if (key == "dense") {
       ASSIGN_OR_RETURN(const int64_t d, ParseInt(key, value));
-      if (d < 0 || d > 4096)
-        return absl::InvalidArgumentError("synthetic: dense must be in [0, 4096]");
+      if (d < 0 || d > 4096) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("synthetic: dense=", Excerpt(value), " must be in [0, 4096]"));
+      }
       config.dense = static_cast<int>(d);
     } else if (key == "drift") {
       ASSIGN_OR_RETURN(config.drift, ParseInt(key, value));
-      if (config.drift < 0) return absl::InvalidArgumentError("synthetic: drift must be >= 0");
+      if (config.drift < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("synthetic: drift=", Excerpt(value), " must be >= 0"));
+      }
     } else if (key == "seed") {
       ASSIGN_OR_RETURN(const int64_t seed, ParseInt(key, value));
       config.seed = static_cast<uint64_t>(seed);
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "synthetic: unknown key '", key,
+          "synthetic: unknown key '", Excerpt(key),
           "' (keys: samples, tables, rows, scale, alpha, pooling, dense, drift, seed)"));
     }
   }

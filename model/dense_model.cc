@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/excerpt.h"
 #include "core/random.h"
 #include "core/status.h"
 #include "model/dense_backend.h"
@@ -237,9 +238,9 @@ absl::StatusOr<std::vector<int>> ParseLayers(std::string_view text) {
     const auto [parsed_end, ec] = std::from_chars(part.data(), part.data() + part.size(), value);
     if (part.empty() || ec != std::errc() || parsed_end != part.data() + part.size() ||
         value <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("MLP layer spec \"", std::string(text),
-                                                     "\": \"", std::string(part),
-                                                     "\" is not a positive integer"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MLP layer spec \"", Excerpt(absl::string_view(text.data(), text.size())), "\": \"",
+          Excerpt(absl::string_view(part.data(), part.size())), "\" is not a positive integer"));
     }
     layers.push_back(value);
     if (end == text.size()) break;

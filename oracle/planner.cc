@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/excerpt.h"
 #include "core/status.h"
 #include "core/target_clones.h"
 #include "core/timer.h"
@@ -190,7 +191,7 @@ absl::StatusOr<CachePolicy> ParseCachePolicy(std::string_view name) {
     if (name == text) return policy;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown cache policy \"", std::string(name),
+      absl::StrCat("unknown cache policy \"", Excerpt(absl::string_view(name.data(), name.size())),
                    "\"; expected one of: oracle, lru, lfu, off, device"));
 }
 

@@ -15,7 +15,7 @@ start=$(date +%s)
 seconds=${1:-${FUZZ_SECONDS:-30}}
 seed=${FUZZ_SEED:-1}
 build=${FUZZ_BUILD_DIR:-build-fuzz}
-harnesses=${FUZZ_HARNESSES:-"criteo csv binary params plan_codec wire checkpoint"}
+harnesses=${FUZZ_HARNESSES:-"criteo csv binary params plan_codec wire checkpoint specs"}
 cores=$(nproc)
 parallel=${FUZZ_PARALLEL:-$((cores < 2 ? cores : 2))}
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "core/excerpt.h"
 
 namespace bagpipe {
 
@@ -96,12 +97,14 @@ absl::StatusOr<Message> Mailbox::Receive(int source, int tag, absl::Duration tim
 
 absl::StatusOr<LinkModel> LinkModel::Parse(const std::string& text) {
   LinkModel link;
-  const std::string lowered = absl::AsciiStrToLower(text);
+  const std::string lowered = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
   if (lowered.empty() || lowered == "none") return link;
-  const std::vector<std::string> parts = absl::StrSplit(lowered, ',');
+  // Spaces around the parts are allowed: ToString ("1 Gbit/s, 200us") must parse back.
+  std::vector<std::string> parts = absl::StrSplit(lowered, ',');
+  for (std::string& part : parts) absl::StripAsciiWhitespace(&part);
   if (parts.size() > 2) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--server-link '", text, "': expected BANDWIDTH[,LATENCY], e.g. 25Gbit/s,20us"));
+        "--server-link '", Excerpt(text), "': expected BANDWIDTH[,LATENCY], e.g. 25Gbit/s,20us"));
   }
   // Bandwidth: a number with a unit among bit/s, kbit/s, mbit/s, gbit/s, b/s, kb/s, mb/s, gb/s.
   struct Unit {
@@ -116,22 +119,30 @@ absl::StatusOr<LinkModel> LinkModel::Parse(const std::string& text) {
     if (absl::EndsWith(parts[0], unit.suffix)) {
       double value = 0;
       const std::string number = parts[0].substr(0, parts[0].size() - strlen(unit.suffix));
-      if (!absl::SimpleAtod(number, &value) || !(value > 0)) break;
+      // Every message's transfer time is computed from it, and ToString scales it: from 1 bit/s
+      // (a denormal one gives infinite transfer times) to 1e9 Gbit/s ("inf" and "3e307B/s"
+      // overflow).
+      if (!absl::SimpleAtod(number, &value)) break;
       link.bytes_per_second = value * unit.bytes_per_second;
+      if (!(link.bytes_per_second >= 1.0 / 8 && link.bytes_per_second <= 1e18 / 8)) break;
       parsed = true;
       break;
     }
   }
   if (!parsed) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--server-link '", text,
-        "': bandwidth must be a positive number with a unit (Gbit/s, Mbit/s, GB/s, MB/s, ...)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--server-link '", Excerpt(text),
+                     "': bandwidth must be a number from 1bit/s to 1e9Gbit/s with a unit (Gbit/s, "
+                     "Mbit/s, GB/s, MB/s, ...)"));
   }
   if (parts.size() == 2) {
     absl::Duration latency;
-    if (!absl::ParseDuration(parts[1], &latency) || latency < absl::ZeroDuration()) {
+    // absl::ParseDuration accepts "inf": a message would then never be delivered.
+    if (!absl::ParseDuration(parts[1], &latency) || latency < absl::ZeroDuration() ||
+        latency == absl::InfiniteDuration()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--server-link '", text, "': latency must be a duration like 20us or 1ms"));
+          absl::StrCat("--server-link '", Excerpt(text),
+                       "': latency must be a finite duration like 20us or 1ms"));
     }
     link.latency = latency;
   }

@@ -202,6 +202,49 @@ TEST(SyntheticTest, BadSpecsNameTheProblem) {
   }
 }
 
+// Caught by the specs fuzz harness: errors echoed keys and values whole and unescaped, so a
+// spec holding control bytes or megabytes gave an unreadable, unbounded error line.
+TEST(SyntheticTest, EchoedKeysAndValuesAreEscapedAndCut) {
+  const std::string long_value = "1" + std::string(100000, '\x01');
+  using namespace std::string_literals;
+  for (const std::string& spec : std::vector<std::string>{
+           "alpha=" + long_value, "samples=" + long_value, "rows=5/" + long_value,
+           "pooling=" + long_value, "scale=" + long_value, "col\nour\0=1"s, "\xef\xbb\xbfsamples"s,
+           "tables=\r99"s, "samples=1,samples\t=2"s}) {
+    auto config = ParseSyntheticConfig(spec);
+    ASSERT_FALSE(config.ok()) << spec.substr(0, 40);
+    const std::string message(config.status().message());
+    EXPECT_LT(message.size(), 300u) << message;
+    for (const char c : message) {
+      EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "byte " << int{c} << " in " << message;
+    }
+  }
+  EXPECT_THAT(std::string(ParseSyntheticConfig("col\nour=1").status().message()),
+              HasSubstr("unknown key 'col\\nour'"));
+  EXPECT_THAT(std::string(ParseSyntheticConfig("alpha=" + long_value).status().message()),
+              HasSubstr("alpha=1\\x01\\x01"));
+  EXPECT_THAT(std::string(ParseSyntheticConfig("alpha=" + long_value).status().message()),
+              HasSubstr("(100001 bytes)"));
+}
+
+TEST(SyntheticTest, RangeErrorsNameTheKeyAndValue) {
+  struct Case {
+    std::string spec;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{{"samples=-5", "samples=-5 must be >= 0"},
+                                         {"rows=10/0", "rows=10/0: every table needs >= 1 row"},
+                                         {"dense=5000", "dense=5000 must be in [0, 4096]"},
+                                         {"drift=-1", "drift=-1 must be >= 0"},
+                                         {"scale=inf", "scale=inf must be a finite"},
+                                         {"scale=1e999", "scale=1e999 must be a finite"},
+                                         {"scale=nan", "scale=nan must be a finite"}}) {
+    auto config = ParseSyntheticConfig(c.spec);
+    ASSERT_FALSE(config.ok()) << c.spec;
+    EXPECT_THAT(std::string(config.status().message()), HasSubstr(c.message)) << c.spec;
+  }
+}
+
 TEST(SyntheticTest, TablesWithOneRowCountMakesThatManyTablesOfIt) {
   auto config = ParseSyntheticConfig("tables=4,rows=2000");
   ASSERT_TRUE(config.ok()) << config.status();

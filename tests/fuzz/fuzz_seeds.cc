@@ -2,12 +2,14 @@
 // fixtures (Criteo TSV, MovieLens CSV) and small generated files (binary datasets, params.bin,
 // plans, protocol messages, checkpoint files), each prefixed by the harness's options byte where it
 // has one. Usage: fuzz_seeds OUT_DIR SOURCE_DIR
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -169,6 +171,37 @@ absl::Status Run(const fs::path& out, const fs::path& source_dir) {
     WriteFile(out / "checkpoint" / "loop_state", '\x02' + EncodeDenseLoopState(state));
   }
   fs::remove_all(scratch);
+
+  // Spec strings: the options byte's bits 0-2 pick the parser (specs_fuzz.cc); for synthetic
+  // sources, bits 3-7 are the samples per read - 1.
+  const std::vector<std::pair<char, std::vector<std::string>>> specs = {
+      {'\x00',
+       {"", "samples=200000,tables=26,scale=0.01", "samples=100000",
+        "samples=100000,tables=8,scale=0.01", "samples=3000,scale=0.001,pooling=0-3,seed=7",
+        "samples=50,rows=1000/20/5,alpha=0.8,dense=4", "samples=20,tables=3,rows=64,pooling=2-5",
+        "samples=10,rows=2/3,drift=4,seed=-5", "samples=9,tables=1,alpha=10,dense=0,pooling=0",
+        "samples=7,rows=4611686018427387000,scale=1", "samples=12,tables=26,scale=1e-9",
+        "samples=5,rows=100,pooling=3,alpha=1,drift=1"}},
+      {'\x01',
+       {"1Gbit/s,200us", "25Gbit/s,20us", "10GB/s,5us", "100Mbit/s", "none", "", "1kbit/s,1s",
+        "8bit/s", "1.5gb/s,0.5ms", "40MB/s,2ms", "100kb/s,1h", "1e3b/s,0"}},
+      {'\x02', {"sum", "mean", "SUM", "Mean", "max", ""}},
+      {'\x03', {"cpu", "cuda", "gpu", "auto", "CPU", "tpu", ""}},
+      {'\x04', {"sync", "async", "lazy", "0", "1", "2", "ASYNC", "3", ""}},
+      {'\x05', {"sgd", "adagrad", "rowwise-adagrad", "rowwise_adagrad", "adam", "SGD", ""}},
+      {'\x06',
+       {"13-512-256-64", "13-512-256-16", "64-32-1", "1", "4-3-2", "4-2-1", "13-x-64", "13--64",
+        "-1", "2147483648", "13-64-", ""}},
+      {'\x07', {"oracle", "lru", "lfu", "off", "device", "LRU", "random", ""}},
+  };
+  // Synthetic specs are read 1, 8 or 32 samples at a time.
+  constexpr uint8_t kSyntheticFlags[] = {0, 7 << 3, 31 << 3};
+  for (const auto& [selector, strings] : specs) {
+    for (size_t i = 0; i < strings.size(); ++i) {
+      const char flags = selector == '\x00' ? static_cast<char>(kSyntheticFlags[i % 3]) : selector;
+      WriteFile(out / "specs" / absl::StrCat(int{selector}, "_", i), flags + strings[i]);
+    }
+  }
   return absl::OkStatus();
 }
 

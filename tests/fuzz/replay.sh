@@ -7,7 +7,7 @@ src=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$build/fuzz_seeds" "$work" "$src"
-for harness in criteo csv binary params plan_codec wire checkpoint; do
+for harness in criteo csv binary params plan_codec wire checkpoint specs; do
   inputs=("$work/$harness")
   if [[ -d "$src/tests/fuzz/regressions/$harness" ]]; then
     inputs+=("$src/tests/fuzz/regressions/$harness")

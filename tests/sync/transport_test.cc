@@ -162,6 +162,28 @@ TEST(LinkModelTest, ParsesUnitsAndRejectsNonsense) {
   EXPECT_FALSE(LinkModel::Parse("-1Gbit/s").ok());
 }
 
+TEST(LinkModelTest, RefusesInfiniteAndDenormalValuesAndParsesItsOwnText) {
+  // An infinite latency never delivers a message; an infinite or denormal bandwidth makes the
+  // transfer times infinite or meaningless.
+  for (const char* text : {"1Gbit/s,inf", "inf Gbit/s", "1e308GB/s", "1e-320bit/s", "3e307B/s"}) {
+    const absl::StatusOr<LinkModel> link = LinkModel::Parse(text);
+    EXPECT_EQ(link.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_THAT(link.status().message(), HasSubstr("--server-link")) << text;
+  }
+  // Echoed input is escaped and cut.
+  const absl::StatusOr<LinkModel> long_text = LinkModel::Parse(std::string(5000, '\x01'));
+  ASSERT_FALSE(long_text.ok());
+  EXPECT_LT(long_text.status().message().size(), 400u);
+  EXPECT_THAT(long_text.status().message(), HasSubstr("\\x01"));
+  // What ToString prints ("1 Gbit/s, 200us") parses back to the same link.
+  const absl::StatusOr<LinkModel> link = LinkModel::Parse("1Gbit/s,200us");
+  ASSERT_TRUE(link.ok());
+  const absl::StatusOr<LinkModel> again = LinkModel::Parse(link->ToString());
+  ASSERT_TRUE(again.ok()) << link->ToString() << ": " << again.status();
+  EXPECT_DOUBLE_EQ(again->bytes_per_second, link->bytes_per_second);
+  EXPECT_EQ(again->latency, link->latency);
+}
+
 TEST(ProtocolTest, MessagesRoundTrip) {
   FetchRequest request{7, 42, {1, 2, 3}, {-1, 5, 9}};
   auto decoded = DecodeFetchRequest(EncodeFetchRequest(request));
