@@ -69,6 +69,9 @@ OptimizerConfig JobConfig::DenseOptimizer() const {
   return dense;
 }
 
+// More iterations prefetched ahead gain nothing; each holds buffers for a batch's rows.
+constexpr int kMaxPrefetchDepth = 1 << 16;
+
 absl::Status JobConfig::Validate() const {
   if (batch_size < 1) return Invalid("--batch-size ", batch_size, ": must be >= 1");
   if (iterations < 0) return Invalid("--iterations ", iterations, ": must be >= 0");
@@ -94,7 +97,11 @@ absl::Status JobConfig::Validate() const {
     return Invalid("--cache-rows ", cache_rows, ": must be in [0, 2^31 - 1] (0: the default)");
   }
   if (lookahead < 1) return Invalid("--lookahead ", lookahead, ": must be >= 1");
-  if (prefetch_depth < 1) return Invalid("--prefetch-depth ", prefetch_depth, ": must be >= 1");
+  if (prefetch_depth < 1 || prefetch_depth > kMaxPrefetchDepth) {
+    // The trainer stages prefetch_depth + 2 plans: an unbounded depth would overflow that.
+    return Invalid("--prefetch-depth ", prefetch_depth, ": must be in [1, ", kMaxPrefetchDepth,
+                   "]");
+  }
   if (plan_queue_depth < 1) {
     return Invalid("--plan-queue-depth ", plan_queue_depth, ": must be >= 1");
   }

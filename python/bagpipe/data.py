@@ -10,6 +10,9 @@ def _array(values, dtype, what):
     array = np.asarray(values)
     if array.dtype.kind not in "biuf":
         raise ValueError(f"{what}: expected numbers, got an array of {array.dtype}")
+    if np.dtype(dtype).kind == "i" and array.dtype.kind not in "iu" and array.size > 0:
+        # Casting would truncate 1.7 to row 1 (nn.EmbeddingBag refuses float indices too).
+        raise ValueError(f"{what}: expected integers, got an array of {array.dtype}")
     return np.ascontiguousarray(array, dtype=dtype)
 
 

@@ -3,6 +3,8 @@
 import atexit
 import io
 import json
+import numbers
+import operator
 import os
 import signal
 import socket
@@ -32,7 +34,74 @@ def parse_train_args(args=None, prog="dlrm_pytorch.py", description=""):
     if args is None:
         args = sys.argv[1:]
     config, other = _core.parse_train_args([str(a) for a in args], prog, description)
-    return config, dict(other)
+    return Config._of(config), dict(other)
+
+
+# Every Config option by kind, as _core.Config stores it (trainer_hooks/job_config.h): values
+# are checked here so that a wrong type names the option (pybind11's own error does not), a bool
+# is no int, an int no bool, and a string holds no NUL (a path would end there).
+_INT_RANGES = {"int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1),
+               "uint64": (0, 2**64 - 1)}
+_OPTION_KINDS = {
+    "data": "str", "schema": "str", "skip_bad_lines": "bool", "row_budget": "int64",
+    "max_samples": "int64", "batch_size": "int64", "iterations": "int64", "epochs": "int32",
+    "eval_fraction": "float", "trainers": "int32", "servers": "int32", "device": "str",
+    "server_link": "str", "peer_timeout": "float", "cache": "str", "cache_rows": "int64",
+    "lookahead": "int32", "prefetch_depth": "int32", "plan_queue_depth": "int32",
+    "writeback_horizon": "int64", "oracle_split_parts": "int32",
+    "oracle_split_min_rows": "int64", "dim": "int32", "optimizer": "str", "lr": "float",
+    "eps": "float", "initial_accumulator": "float", "dense_optimizer": "str?",
+    "dense_lr": "float?", "dense_eps": "float?", "dense_initial_accumulator": "float?",
+    "seed": "uint64", "deterministic": "bool", "collect_parameters": "bool",
+    "checkpoint_dir": "path", "checkpoint_every": "int64", "keep_checkpoints": "int32",
+    "resume": "path",
+}
+
+
+def _check_option(name, value):
+    """``value`` as option ``name`` takes it; TypeError (wrong type) or ConfigError (out of
+    range, NUL in a string) naming the option."""
+    kind = _OPTION_KINDS[name]
+    if kind.endswith("?"):
+        if value is None:
+            return None
+        kind = kind[:-1]
+
+    def wrong(expected):
+        return TypeError(f"Config.{name}: expected {expected}, got {type(value).__name__} "
+                         f"{value!r:.80}")
+
+    if kind == "bool":
+        if not isinstance(value, (bool, np.bool_)):
+            raise wrong("a bool")
+        return bool(value)
+    if kind in _INT_RANGES:
+        if isinstance(value, (bool, np.bool_)):
+            raise wrong("an int")
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise wrong("an int") from None
+        low, high = _INT_RANGES[kind]
+        if not low <= value <= high:
+            raise ConfigError(f"Config.{name}: {value} is out of range [{low}, {high}]")
+        return value
+    if kind == "float":
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            raise wrong("a number")
+        try:
+            return float(value)
+        except OverflowError:
+            raise ConfigError(f"Config.{name}: an int of {value.bit_length()} bits is out of "
+                              "range (a float)") from None
+    if kind == "path" and isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise wrong("a str" + (" or a path" if kind == "path" else "")
+                    + (" or None" if _OPTION_KINDS[name].endswith("?") else ""))
+    if "\0" in value:
+        raise ConfigError(f"Config.{name}: {value!r} contains a NUL character")
+    return value
 
 
 class Config(_core.Config):
@@ -40,27 +109,67 @@ class Config(_core.Config):
     is ``cache_rows``; the CSV column spec ``--schema`` is ``schema``). Unset options keep the
     command's defaults. ``dense_optimizer``, ``dense_lr``, ``dense_eps`` and
     ``dense_initial_accumulator`` are None unless set (then the embedding optimizer's apply).
-    Checked as a whole when a Job starts (ConfigError names the options)."""
+    Each value is type-checked as it is set (TypeError naming the option; an unknown option is
+    a TypeError too, never a new attribute); the options are checked as a whole when a Job
+    starts (ConfigError names the options)."""
 
     def __init__(self, **options):
         super().__init__()
         for name, value in options.items():
-            if name.startswith("_") or not isinstance(getattr(_core.Config, name, None), property):
-                raise TypeError(f"Config: unknown option {name!r}")
             setattr(self, name, value)
+
+    def __setattr__(self, name, value):
+        if name not in _OPTION_KINDS:
+            raise TypeError(f"Config: unknown option {name!r}")
+        super().__setattr__(name, _check_option(name, value))
+
+    @classmethod
+    def _of(cls, core_config):
+        """A Config holding the options of a _core.Config (a copy)."""
+        config = cls()
+        for name in _OPTION_KINDS:
+            _core.Config.__dict__[name].__set__(config, getattr(core_config, name))
+        return config
+
+    def copy(self):
+        return Config._of(self)
 
     def __repr__(self):
         return f"bagpipe.Config({self.to_json()})"
+
+
+def _json_text(value, what):
+    """``value`` as JSON text for the runtime; TypeError/ValueError naming ``what`` (strict
+    JSON: NaN and infinities have no spelling there)."""
+    try:
+        return json.dumps(value if value is not None else {}, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{what}: {error}") from None
+
+
+def _path_text(path, what):
+    """A path argument as the runtime takes it ("" for None); ValueError on a NUL."""
+    if path is None:
+        return ""
+    path = os.fspath(path)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if "\0" in path:
+        raise ValueError(f"{what}: {path!r} contains a NUL character")
+    return path
 
 
 class MetricsWriter:
     """Writes dicts as JSON lines (metrics.jsonl, read by ``bagpipe compare``)."""
 
     def __init__(self, path):
-        self._writer = _core.MetricsWriter(str(path))
+        path = _path_text(path, "MetricsWriter")
+        if os.path.isdir(path):
+            raise IsADirectoryError(f"MetricsWriter: {path!r} is a directory")
+        self._writer = _core.MetricsWriter(path)
 
     def write(self, record):
-        self._writer.write_json(json.dumps(record))
+        self._writer.write_json(_json_text(record, "MetricsWriter.write"))
 
 
 def initial_embedding_weights(config, schema):
@@ -149,6 +258,9 @@ class Trainer:
         # (see _end_iteration_from_backward), which the loop's thread hands to the runtime.
         self._loop_thread = None
         self._pending_grad = None
+        # Counts begin_iteration calls: EmbeddingBags' output remembers the one it came from, so
+        # a backward through an earlier iteration's graph cannot end the current iteration.
+        self._generation = 0
 
     def __repr__(self):
         return f"bagpipe.Trainer({self.id} of {self.num_trainers}, {self.device})"
@@ -174,7 +286,7 @@ class Trainer:
             self._register_stream()
             self._core.end_iteration(grad)
 
-    def _end_iteration_from_backward(self, pooled_grad):
+    def _end_iteration_from_backward(self, pooled_grad, generation):
         """EmbeddingBags' backward. Autograd runs the backward of CUDA operations on its own
         thread for the device, one thread that every trainer on that GPU shares: if it ended the
         iteration there, a trainer waiting for the others' shared-row gradients would hold that
@@ -182,6 +294,10 @@ class Trainer:
         than the loop's hands the gradient over, and the loop's thread ends the iteration at its
         next call (all_reduce_gradients, all_reduce_, begin_iteration, flush, stats, complete).
         On the CPU autograd runs on the loop's thread, which ends the iteration at once."""
+        if generation != self._generation:
+            raise UsageError(f"trainer {self.id}: EmbeddingBags' output of an earlier iteration "
+                             "was backpropagated (each batch's output is backpropagated in its "
+                             "own iteration, before the next begin_iteration)")
         if self._loop_thread is None or threading.get_ident() == self._loop_thread:
             self._core.end_iteration(pooled_grad)
         elif self._pending_grad is not None:
@@ -197,6 +313,7 @@ class Trainer:
         self._end_pending()
         self._register_stream()
         info = self._core.begin_iteration()
+        self._generation += 1
         if info is None:
             self._batch = None
             return None
@@ -221,7 +338,9 @@ class Trainer:
     def end_iteration(self, pooled_grad):
         """Ends the iteration with d(loss)/d(pooled): a contiguous float32 tensor [n, tables,
         dim] on the trainer's device. Reduces it to row gradients, exchanges those of shared rows
-        with the other trainers and applies the embedding optimizer."""
+        with the other trainers and applies the embedding optimizer. On the CPU a NaN or
+        infinite element raises ValueError before anything is applied (the iteration stays
+        open); a CUDA gradient is not checked (that would cost a host synchronisation)."""
         if isinstance(pooled_grad, torch.Tensor):
             pooled_grad = pooled_grad.detach()
         self._end_pending()
@@ -235,10 +354,36 @@ class Trainer:
         return tensor
 
     def all_reduce_gradients(self, parameters):
-        """Sums the ``.grad`` of ``parameters`` over all trainers in place, with one all-reduce
-        (a missing gradient counts as zeros). Nothing to do with one trainer."""
+        """Sums the ``.grad`` of ``parameters`` (an iterable of tensors, or one tensor, as
+        torch.nn.utils.clip_grad_norm_ takes them) over all trainers in place, with one
+        all-reduce (a missing gradient counts as zeros; tensors that do not require grad are
+        skipped). Nothing to do with one trainer, but the parameters are checked all the same:
+        dense, strided gradients of floating dtype on the trainer's device (TypeError/ValueError
+        otherwise)."""
         self._end_pending()
-        parameters = [p for p in parameters if p.requires_grad]
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        checked = []
+        for index, p in enumerate(parameters):
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"all_reduce_gradients: parameter {index} is a "
+                                f"{type(p).__name__}, not a tensor")
+            if not p.requires_grad:
+                continue
+            for what, t in (("", p), (".grad", p.grad)):
+                if t is None:
+                    continue
+                if t.layout != torch.strided:
+                    raise TypeError(f"all_reduce_gradients: parameter {index}{what} is a "
+                                    f"{t.layout} tensor (only dense gradients are summed)")
+                if not t.is_floating_point():
+                    raise TypeError(f"all_reduce_gradients: parameter {index}{what} is "
+                                    f"{t.dtype}, not floating point")
+                if t.device != self.device:
+                    raise ValueError(f"all_reduce_gradients: parameter {index}{what} is on "
+                                     f"{t.device}, not on the trainer's device {self.device}")
+            checked.append(p)
+        parameters = checked
         if self.num_trainers == 1 or not parameters:
             return
         grads = []
@@ -287,7 +432,8 @@ class Trainer:
                 return torch.cat([v.detach().reshape(-1).to("cpu", torch.float32)
                                   for v in values]).numpy()
             return np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(-1))
-        self._core.complete(flat(dense), flat(predictions), flat(labels), json.dumps(info or {}))
+        self._core.complete(flat(dense), flat(predictions), flat(labels),
+                            _json_text(info, "complete: info"))
 
     def set_loop_state(self, save, restore):
         """Makes checkpoints hold the loop's own state (the dense model, its optimizer, the loop's
@@ -360,7 +506,9 @@ class _InterruptWatch:
         self._writer.setblocking(False)
         self._previous = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
         self._core = core
-        self._on_signal = on_signal
+        # Weakly: the watch's thread must not keep the Job alive (a Job dropped without close()
+        # is collected, and its __del__ ends the job and this thread).
+        self._on_signal = weakref.WeakMethod(on_signal)
         self._active = True
         self._thread = threading.Thread(target=self._run, name="bagpipe-interrupt-watch",
                                         daemon=True)
@@ -379,9 +527,11 @@ class _InterruptWatch:
                     os.write(self._previous, received)  # the previous listener gets them too
                 except OSError:
                     pass
+            on_signal = self._on_signal()
             for signum in (signal.SIGINT, signal.SIGTERM):
-                if signum in received:
-                    self._on_signal(signum)
+                if signum in received and on_signal is not None:
+                    on_signal(signum)
+            del on_signal
 
     def close(self):
         if not self._active:
@@ -392,7 +542,8 @@ class _InterruptWatch:
         except ValueError:
             pass  # not on the main thread: the interpreter keeps our (closed) socket's number
         self._writer.close()
-        self._thread.join()
+        if threading.current_thread() is not self._thread:  # the Job may go on this thread
+            self._thread.join()
         self._reader.close()
 
 
@@ -432,17 +583,19 @@ class Job:
                                   "(bagpipe.Schema(table_rows=[...], num_dense=...))")
             normalize = _data.Normalizer(schema.num_tables, schema.num_dense)
         self._core = _core.Job(config, data, eval_data, normalize, schema,
-                               json.dumps(checkpoint_identity or {}))
-        self.config = self._core.config
+                               _json_text(checkpoint_identity, "Job: checkpoint_identity"))
         self.schema = self._core.schema
         self.trainers = [Trainer(t, self.schema.num_tables, self.schema.num_dense, self.config.dim)
                          for t in self._core.trainers()]
         self._finished = False
+        self._ran = False
         self._signals = 0
         self._signal_lock = threading.Lock()
         self._watch = _InterruptWatch(self._core, self._on_signal)
         _live_jobs.add(self)
 
+    config = property(lambda self: Config._of(self._core.config),
+                      doc="The job's options (a copy: changing it changes nothing).")
     rank = property(lambda self: self._core.rank, doc="This process's rank (0 when embedded).")
     world_size = property(lambda self: self._core.world_size,
                           doc="Ranks of the job: 1 oracle + servers + trainers.")
@@ -466,6 +619,13 @@ class Job:
         calling thread takes the first, so Ctrl-C lands in a loop), and returns their results.
         A trainer that raises aborts the job — the others' blocked calls raise JobError — and
         its exception (the root cause) is raised here once all have stopped."""
+        if self._finished or self._core.closed:
+            raise UsageError("run_trainers: the job is "
+                             + ("closed" if self._core.closed else "finished"))
+        if self._ran:
+            raise UsageError("run_trainers: called twice (a job trains once; each trainer's "
+                             "loop runs to its end in the first call)")
+        self._ran = True
         results = [None] * len(self.trainers)
         errors = []
 
@@ -551,11 +711,13 @@ class Job:
         or into ``out``/summary.json); other ranks return None. ``model``: a dict describing the
         dense model for summary.json and the params.bin header (e.g. model/bottom/top)."""
         if out is not None:
+            out = _path_text(out, "finish: out")
             os.makedirs(out, exist_ok=True)
             if summary_json is None:
                 summary_json = os.path.join(out, "summary.json")
-        text = self._core.finish(str(summary_json or ""), str(dump_params or ""),
-                                 json.dumps(model or {}))
+        text = self._core.finish(_path_text(summary_json, "finish: summary_json"),
+                                 _path_text(dump_params, "finish: dump_params"),
+                                 _json_text(model, "finish: model"))
         self._finished = True
         result = None if text is None else json.loads(text)
         if result is not None and "stopped" in result:
@@ -585,6 +747,15 @@ class Job:
         return False
 
     def __del__(self):
+        # The last reference may go on a thread of the job's own (the oracle's, reading an
+        # iterable), which close() would join: close on a thread of its own then (not a daemon:
+        # the interpreter waits for it before it exits).
+        if isinstance(threading.current_thread(), threading._DummyThread):
+            threading.Thread(target=self._close_quietly, name="bagpipe-close", daemon=False).start()
+        else:
+            self._close_quietly()
+
+    def _close_quietly(self):
         try:
             self.close()
         except Exception:

@@ -11,13 +11,15 @@ class _PooledLookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor, trainer):
         ctx.trainer = trainer
+        ctx.generation = trainer._generation
         return trainer.lookup_pooled()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, pooled_grad):
         # Autograd may hand over an expanded or strided gradient: the runtime reads rows.
-        ctx.trainer._end_iteration_from_backward(pooled_grad.detach().contiguous())
+        ctx.trainer._end_iteration_from_backward(pooled_grad.detach().contiguous(),
+                                                 ctx.generation)
         return None, None
 
 
@@ -28,8 +30,9 @@ class EmbeddingBags(torch.nn.Module):
     (``torch.stack([bag(ids_t, offsets_t) for each table], 1)`` in a pure-PyTorch model); its
     backward hands d(loss)/d(pooled) to the runtime, which applies the embedding optimizer
     (config.optimizer, lr, eps...) — so the tables are no parameters of the module and no
-    torch optimizer sees them. Each training batch's output must be backpropagated exactly once
-    (the next ``begin_iteration`` raises UsageError otherwise). Evaluation batches and calls
+    torch optimizer sees them. Each training batch's output must be backpropagated exactly once,
+    before the next ``begin_iteration`` (which raises UsageError otherwise; so does a backward
+    through an earlier iteration's output, kept with retain_graph). Evaluation batches and calls
     under ``torch.no_grad()`` only look the rows up.
     """
 

@@ -58,7 +58,13 @@ TensorView ViewTensor(py::handle tensor, const std::string& what, const std::vec
   if (PyCapsule_CheckExact(tensor.ptr())) {
     capsule = py::reinterpret_borrow<py::object>(tensor);
   } else if (py::hasattr(tensor, "__dlpack__")) {
-    capsule = tensor.attr("__dlpack__")();
+    try {
+      capsule = tensor.attr("__dlpack__")();
+    } catch (py::error_already_set& error) {
+      // E.g. torch's bool tensors, numpy's read-only arrays: not a float32 tensor DLPack can share.
+      throw py::type_error(absl::StrCat(
+          what, ": cannot be shared through DLPack (expected a float32 tensor): ", error.what()));
+    }
   } else {
     throw py::type_error(absl::StrCat(what,
                                       ": expected a tensor (torch.Tensor, numpy.ndarray or "

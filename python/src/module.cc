@@ -8,6 +8,7 @@
 //   initial_rows       core/row_init.h: a table's initial rows, as the servers create them
 //   initial_dense_parameters, initial_logreg_parameters  the C++ heads' initial parameters
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -93,7 +94,11 @@ void BindConfig(py::module_& m) {
           [](JobConfig& c, const std::string& v) { c.server_link = OrRaise(LinkModel::Parse(v)); })
       .def_property(
           "peer_timeout", [](const JobConfig& c) { return absl::ToDoubleSeconds(c.peer_timeout); },
-          [](JobConfig& c, double v) { c.peer_timeout = absl::Seconds(v); })
+          [](JobConfig& c, double v) {
+            // absl::Seconds(NaN) is an infinite duration: it would switch the timeouts off.
+            if (std::isnan(v)) RaiseError("ConfigError", "--peer-timeout nan: must be > 0");
+            c.peer_timeout = absl::Seconds(v);
+          })
       .def_property(
           "cache", [](const JobConfig& c) { return std::string(CachePolicyName(c.cache)); },
           [](JobConfig& c, const std::string& v) { c.cache = OrRaise(ParseCachePolicy(v)); })
@@ -130,6 +135,11 @@ void BindConfig(py::module_& m) {
             if (v.is_none()) {
               c.dense_optimizer.reset();
             } else {
+              if (!py::isinstance<py::str>(v)) {
+                throw py::type_error(
+                    absl::StrCat("Config.dense_optimizer: expected a str or None, got ",
+                                 std::string(py::str(py::type::of(v).attr("__name__")))));
+              }
               c.dense_optimizer = OrRaise(ParseOptimizerKind(v.cast<std::string>()));
             }
           })
@@ -285,7 +295,8 @@ PYBIND11_MODULE(_core, m) {
                              [](const JobCore& j) { return j.options().trainer.cache_rows; })
       .def_property_readonly("schema", &JobCore::schema)
       .def_property_readonly("description", &JobCore::description)
-      .def_property_readonly("config", &JobCore::config)
+      // A copy: the job's own options (summary.json's) cannot be changed after it started.
+      .def_property_readonly("config", [](const JobCore& j) { return JobConfig(j.config()); })
       .def_property_readonly("closed", &JobCore::closed)
       .def_property_readonly("aborted",
                              [](const JobCore& j) -> py::object {

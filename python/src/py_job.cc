@@ -1,5 +1,6 @@
 #include "python/src/py_job.h"
 
+#include <cmath>
 #include <cstring>
 #include <optional>
 
@@ -446,6 +447,22 @@ void PyTrainer::EndIteration(py::handle pooled_grad) {
   const int64_t dim = core_->options().trainer.dim;
   TensorView view = ViewTensor(pooled_grad, "pooled_grad",
                                {batch_.num_samples, batch_.num_tables, dim}, *trainer().context());
+  if (!trainer().context()->is_cuda()) {
+    // A NaN or infinite gradient would be applied to the rows on the servers, where every later
+    // lookup of every trainer reads it: refuse it before the runtime sees it (the iteration stays
+    // open). Host memory only: on CUDA the check would cost a host synchronisation.
+    const float* grad = static_cast<const float*>(view.data);
+    for (int64_t i = 0; i < view.elements; ++i) {
+      if (!std::isfinite(grad[i])) {
+        const int64_t per_sample = static_cast<int64_t>(batch_.num_tables) * dim;
+        throw py::value_error(absl::StrCat(
+            "pooled_grad: element (", i / per_sample, ", ", (i / dim) % batch_.num_tables, ", ",
+            i % dim, ") is ", std::isnan(grad[i]) ? "nan" : (grad[i] > 0 ? "inf" : "-inf"),
+            ": a non-finite gradient would corrupt the embedding rows (nothing was applied; the "
+            "iteration is still open)"));
+      }
+    }
+  }
   absl::Status status;
   {
     py::gil_scoped_release release;

@@ -91,6 +91,11 @@ class PythonSource final : public SampleSource {
     } catch (py::error_already_set& e) {
       return absl::InvalidArgumentError(
           absl::StrCat("batch ", items_, " of the ", description_, ": ", e.what()));
+    } catch (const std::exception& e) {
+      // pybind11's cast errors, std::bad_alloc: this runs on the oracle's thread, where an
+      // escaping exception would terminate the process.
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch ", items_, " of the ", description_, ": ", e.what()));
     }
   }
 

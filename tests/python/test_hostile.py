@@ -1,0 +1,378 @@
+"""A hostile user's inputs end in a Python exception that names what is wrong — never a crash, a
+hang, a leaked thread or silent NaN training: options of the wrong type or out of range, NUL
+characters in paths, non-finite or stale gradients, parameters that are no dense tensors,
+run_trainers called twice, a Job dropped without close(), exceptions of every kind in the loop."""
+
+import gc
+import math
+import pathlib
+import subprocess
+import sys
+import threading
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+import bagpipe
+from bagpipe import job as bagpipe_job
+from conftest import child_env
+
+DATA = "synthetic:samples=2000,tables=4,scale=0.001"
+
+
+def small_config(**options):
+    settings = dict(data=DATA, batch_size=128, iterations=4, cache_rows=500, dim=4,
+                    optimizer="sgd", lr=0.1, peer_timeout=30)
+    settings.update(options)
+    return bagpipe.Config(**settings)
+
+
+def zero_step(trainer):
+    pooled = trainer.lookup_pooled()
+    trainer.end_iteration(torch.zeros_like(pooled))
+
+
+def finish_loop(trainer):
+    for _ in trainer:
+        zero_step(trainer)
+    trainer.flush()
+    trainer.complete()
+
+
+@pytest.mark.parametrize("option,value,expected", [
+    ("batch_size", "10", "expected an int, got str"),
+    ("batch_size", 10.0, "expected an int, got float"),
+    ("batch_size", None, "expected an int, got NoneType"),
+    ("batch_size", True, "expected an int, got bool"),
+    ("seed", 1.5, "expected an int, got float"),
+    ("deterministic", None, "expected a bool, got NoneType"),
+    ("deterministic", 2, "expected a bool, got int"),
+    ("lr", "0.1", "expected a number, got str"),
+    ("lr", None, "expected a number, got NoneType"),
+    ("lr", True, "expected a number, got bool"),
+    ("dense_lr", "x", "expected a number, got str"),
+    ("cache", None, "expected a str, got NoneType"),
+    ("dense_optimizer", 5, "expected a str or None, got int"),
+    ("checkpoint_dir", 7, "expected a str or a path, got int"),
+])
+def test_options_of_the_wrong_type_raise_type_error_naming_the_option(option, value, expected):
+    with pytest.raises(TypeError, match=f"Config.{option}: {expected}"):
+        bagpipe.Config(**{option: value})
+    config = bagpipe.Config()
+    with pytest.raises(TypeError, match=f"Config.{option}: {expected}"):
+        setattr(config, option, value)
+
+
+def test_out_of_range_values_nul_characters_and_unknown_names_are_refused():
+    for option, value in [("batch_size", 2**63), ("batch_size", 2**64 + 1), ("seed", -1),
+                          ("seed", 2**64), ("dim", 2**31), ("lookahead", -2**31 - 1)]:
+        with pytest.raises(bagpipe.ConfigError, match=f"Config.{option}: {value} is out of "
+                                                      "range"):
+            bagpipe.Config(**{option: value})
+    with pytest.raises(bagpipe.ConfigError, match="Config.lr: an int of 1329 bits is out of range"):
+        bagpipe.Config(lr=10**400)  # float() would raise OverflowError
+    for option in ("data", "checkpoint_dir", "resume", "schema"):
+        with pytest.raises(bagpipe.ConfigError, match=f"Config.{option}: .* NUL"):
+            bagpipe.Config(**{option: "runs/a\0b"})
+    # absl::Seconds(NaN) is an infinite duration: NaN would have switched the timeouts off.
+    with pytest.raises(bagpipe.ConfigError, match="--peer-timeout nan"):
+        bagpipe.Config(peer_timeout=math.nan)
+    with pytest.raises(bagpipe.ConfigError, match="--peer-timeout nan"):
+        bagpipe._core.Config().peer_timeout = math.nan
+    with pytest.raises(TypeError, match="dense_optimizer: expected a str or None"):
+        bagpipe._core.Config().dense_optimizer = 5  # was pybind11's RuntimeError
+    config = bagpipe.Config()
+    with pytest.raises(TypeError, match="unknown option 'cache_size'"):
+        config.cache_size = 10  # a typo must not become a new attribute
+    with pytest.raises(bagpipe.ConfigError, match="--lr inf"):
+        bagpipe.Job(small_config(lr=1e40))  # beyond float32: checked as a whole at the start
+    # prefetch_depth + 2 plans are staged: INT_MAX overflowed into "needs at least two slots".
+    with pytest.raises(bagpipe.ConfigError, match="--prefetch-depth 2147483647: must be in"):
+        bagpipe.Job(small_config(prefetch_depth=2**31 - 1))
+    # What a user may rightly pass: numpy scalars, paths, None for the dense_* options.
+    config = bagpipe.Config(batch_size=np.int64(64), lr=np.float32(0.5), deterministic=np.True_,
+                            checkpoint_dir=pathlib.Path("runs/x"), dense_lr=None)
+    assert (config.batch_size, config.lr, config.deterministic, config.checkpoint_dir) == \
+        (64, 0.5, True, "runs/x")
+
+
+def test_every_option_of_the_runtime_is_type_checked():
+    options = {name for name, value in vars(bagpipe._core.Config).items()
+               if isinstance(value, property)}
+    assert options == set(bagpipe_job._OPTION_KINDS)
+
+
+def test_configs_handed_out_are_checked_copies():
+    config, _ = bagpipe.parse_train_args(["--batch-size", "64"])
+    assert isinstance(config, bagpipe.Config) and isinstance(config.copy(), bagpipe.Config)
+    with pytest.raises(TypeError, match="Config.batch_size"):
+        config.batch_size = "64"
+    with bagpipe.Job(small_config(iterations=2)) as job:
+        job.config.batch_size = 7  # a copy: the job's own options (summary.json's) stay
+        assert job.config.batch_size == 128
+        job.run_trainers(finish_loop)
+        assert job.finish()["config"]["batch_size"] == 128
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_gradient_is_refused_before_it_reaches_the_rows(bad):
+    with bagpipe.Job(small_config(iterations=3)) as job:
+        (trainer,) = job.trainers
+        tables = bagpipe.EmbeddingBags(trainer)
+        trainer.begin_iteration()
+        pooled = trainer.lookup_pooled()
+        grad = torch.zeros_like(pooled)
+        grad[5, 2, 1] = bad
+        with pytest.raises(ValueError, match=r"pooled_grad: element \(5, 2, 1\) is "
+                                             f"{bad}.*nothing was applied"):
+            trainer.end_iteration(grad)
+        trainer.end_iteration(torch.ones_like(pooled))  # the iteration was still open
+        batch = trainer.begin_iteration()
+        out = tables(batch)
+        with pytest.raises(ValueError, match="non-finite gradient"):
+            (out.sum() * bad).backward()  # through autograd: EmbeddingBags' backward
+        out = tables(batch)
+        out.sum().backward()
+        batch = trainer.begin_iteration()
+        assert torch.isfinite(trainer.lookup_pooled()).all()  # the rows were never poisoned
+        zero_step(trainer)
+        job.abort("test over")
+
+
+def test_tensors_dlpack_cannot_share_raise_type_error():
+    with bagpipe.Job(small_config(iterations=2)) as job:
+        (trainer,) = job.trainers
+        trainer.begin_iteration()
+        pooled = trainer.lookup_pooled()
+        with pytest.raises(TypeError, match="pooled_grad: cannot be shared through DLPack"):
+            trainer.end_iteration(torch.zeros_like(pooled, dtype=torch.bool))
+        read_only = np.zeros(tuple(pooled.shape), np.float32)
+        read_only.setflags(write=False)
+        with pytest.raises(TypeError, match="all_reduce_ tensor: cannot be shared"):
+            trainer.all_reduce_(read_only)  # it would be written in place
+        job.abort("test over")
+
+
+def test_backward_through_an_earlier_iterations_output_is_a_usage_error():
+    with bagpipe.Job(small_config(iterations=4)) as job:
+        (trainer,) = job.trainers
+        tables = bagpipe.EmbeddingBags(trainer)
+        first = tables(trainer.begin_iteration())
+        first.sum().backward(retain_graph=True)
+        second = tables(trainer.begin_iteration())
+        # The shapes agree: without the check iteration 0's gradient would train iteration 1.
+        with pytest.raises(bagpipe.UsageError, match="output of an earlier iteration"):
+            first.sum().backward()
+        second.sum().backward()  # the iteration goes on
+        for batch in trainer:
+            tables(batch).sum().backward()
+        trainer.flush()
+        trainer.complete()
+        assert job.finish()["iterations"] == 4
+
+
+def test_all_reduce_gradients_checks_what_it_is_given():
+    def loop(trainer):
+        trainer.begin_iteration()
+        zero_step(trainer)
+        weight = torch.nn.Parameter(torch.zeros(3))
+        weight.grad = torch.full((3,), float(trainer.id + 1))
+        trainer.all_reduce_gradients(weight)  # one tensor, as clip_grad_norm_ takes it
+        assert weight.grad.tolist() == [3.0, 3.0, 3.0]
+        with pytest.raises(TypeError, match="parameter 1 is a int, not a tensor"):
+            trainer.all_reduce_gradients([weight, 5])
+        embedding = torch.nn.Embedding(5, 2, sparse=True)
+        embedding(torch.tensor([1])).sum().backward()
+        with pytest.raises(TypeError, match=r"parameter 0.grad is a torch.sparse_coo tensor"):
+            trainer.all_reduce_gradients(embedding.parameters())
+        with pytest.raises(ValueError, match="parameter 0 is on meta, not on the trainer's"):
+            trainer.all_reduce_gradients([torch.nn.Parameter(torch.zeros(2, device="meta"))])
+        trainer.all_reduce_gradients(p for p in [weight, torch.zeros(2)])  # a generator
+        assert weight.grad.tolist() == [6.0, 6.0, 6.0]
+        finish_loop(trainer)
+
+    with bagpipe.Job(small_config(trainers=2)) as job:
+        job.run_trainers(loop)
+        job.finish()
+    with bagpipe.Job(small_config()) as job:  # one trainer: the same checks
+        (trainer,) = job.trainers
+        with pytest.raises(TypeError, match="parameter 0 is a str"):
+            trainer.all_reduce_gradients(["weight"])
+        job.abort("test over")
+
+
+def test_run_trainers_twice_and_bad_paths_leave_the_job_usable():
+    with bagpipe.Job(small_config()) as job:
+        job.run_trainers(finish_loop)
+        with pytest.raises(bagpipe.UsageError, match="run_trainers: called twice"):
+            job.run_trainers(finish_loop)
+        with pytest.raises(ValueError, match="finish: summary_json: .* NUL"):
+            job.finish(summary_json="summary.json\0.txt")  # would write "summary.json"
+        with pytest.raises(ValueError, match="finish: model: Out of range float"):
+            job.finish(model={"loss": math.nan})
+        assert job.finish()["iterations"] == 4
+        with pytest.raises(bagpipe.UsageError, match="run_trainers: the job is finished"):
+            job.run_trainers(finish_loop)
+
+
+def test_complete_with_info_that_is_no_json_names_it():
+    with bagpipe.Job(small_config(iterations=2)) as job:
+        (trainer,) = job.trainers
+        for _ in trainer:
+            zero_step(trainer)
+        trainer.flush()
+        with pytest.raises(ValueError, match="complete: info: Out of range float"):
+            trainer.complete(info={"train_loss": math.nan})
+        with pytest.raises(TypeError, match="complete: info: .*not JSON serializable"):
+            trainer.complete(info={"model": object()})
+        trainer.complete(info={"train_loss": 0.5})
+        assert job.finish()["train_loss"] == 0.5
+
+
+def watch_threads():
+    return [t for t in threading.enumerate() if t.name == "bagpipe-interrupt-watch"]
+
+
+def test_a_job_dropped_without_close_is_collected_and_its_threads_end():
+    before = len(watch_threads())
+    job = bagpipe.Job(small_config())
+    assert len(watch_threads()) == before + 1
+    alive = weakref.ref(job)
+    del job
+    gc.collect()
+    assert alive() is None, "the interrupt watch's thread kept the Job alive"
+    assert len(watch_threads()) == before
+
+
+def test_a_job_collected_mid_run_stops_its_trainers_with_job_error():
+    job = bagpipe.Job(small_config(iterations=100000, trainers=2))
+    trainers = job.trainers
+    seen = {}
+    started = threading.Barrier(3)
+
+    def loop(trainer):
+        try:
+            for i, _ in enumerate(trainer):
+                zero_step(trainer)
+                trainer.all_reduce_(torch.ones(2))
+                if i == 2:
+                    started.wait()
+        except bagpipe.Error as error:
+            seen[trainer.id] = error
+
+    threads = [threading.Thread(target=loop, args=(t,)) for t in trainers]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    del job
+    gc.collect()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads), "a trainer thread hung"
+    assert sorted(seen) == [0, 1]
+    for error in seen.values():
+        assert isinstance(error, (bagpipe.JobError, bagpipe.UsageError))
+        assert "closed" in str(error), error
+
+
+class CustomBase(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("trainers", [1, 2])
+@pytest.mark.parametrize("error", [KeyboardInterrupt("ctrl-c"), SystemExit(3),
+                                   CustomBase("custom base"), GeneratorExit("gen"),
+                                   MemoryError("oom")], ids=lambda e: type(e).__name__)
+def test_any_exception_in_the_loop_ends_the_job_with_the_root_cause(trainers, error):
+    def loop(trainer):
+        for i, _ in enumerate(trainer):
+            if i == 2 and trainer.id == trainers - 1:
+                raise error
+            zero_step(trainer)
+            trainer.all_reduce_(torch.ones(2))
+        trainer.flush()
+        trainer.complete()
+
+    with pytest.raises(type(error)) as raised:
+        with bagpipe.Job(small_config(iterations=1000, trainers=trainers)) as job:
+            job.run_trainers(loop)
+    assert raised.value is error
+    assert type(error).__name__ in job.aborted
+
+
+def test_tensors_handed_out_outlive_the_job():
+    with bagpipe.Job(small_config()) as job:
+        (trainer,) = job.trainers
+        batch = trainer.begin_iteration()
+        pooled = trainer.lookup_pooled()
+        capsule = trainer._core.lookup_pooled()  # a DLPack capsule nobody consumed yet
+        snapshot = (batch.dense.clone(), pooled.clone())
+        trainer.end_iteration(torch.zeros_like(pooled))
+        job.abort("test over")
+    del job, trainer
+    gc.collect()
+    churn = [torch.full((1 << 16,), 7.0) for _ in range(16)]
+    assert torch.equal(batch.dense, snapshot[0]) and torch.equal(pooled, snapshot[1])
+    assert torch.equal(torch.utils.dlpack.from_dlpack(capsule), snapshot[1])
+    del churn
+
+
+def test_metrics_writer_refuses_nul_paths_directories_and_non_json(tmp_path):
+    with pytest.raises(ValueError, match="MetricsWriter: .* NUL"):
+        bagpipe.MetricsWriter(str(tmp_path / "metrics.jsonl") + "\0.txt")
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        bagpipe.MetricsWriter(tmp_path)
+    writer = bagpipe.MetricsWriter(tmp_path / "metrics.jsonl")
+    with pytest.raises(ValueError, match="MetricsWriter.write: Out of range float"):
+        writer.write({"loss": math.nan})
+    writer.write({"loss": 0.5})
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"loss":0.5}\n'
+
+
+def test_float_ids_from_an_iterable_are_refused_not_truncated():
+    schema = bagpipe.Schema(table_rows=[10], num_dense=0)
+    items = [{"labels": np.ones(4, np.float32), "ids": [np.array([1.7, 0.0, 1.0, 2.0])]}]
+    config = bagpipe.Config(batch_size=4, cache_rows=10, dim=4, optimizer="sgd",
+                            peer_timeout=30)
+    with bagpipe.Job(config, data=items, schema=schema) as job:
+        (trainer,) = job.trainers
+        with pytest.raises(bagpipe.JobError, match="ids of table 0: expected integers, got "
+                                                   "an array of float64"):
+            trainer.begin_iteration()
+
+
+DROPPED_ON_THE_ORACLES_THREAD = """
+import gc, numpy as np, torch, bagpipe
+holder = {}
+schema = bagpipe.Schema(table_rows=[10, 20], num_dense=2)
+def batches():
+    rng = np.random.default_rng(0)
+    for i in range(100000):
+        if i == 5:
+            holder.clear()  # the job's last reference goes on the oracle's thread
+            gc.collect()
+        yield {"dense": rng.standard_normal((32, 2)).astype(np.float32),
+               "labels": np.ones(32, np.float32),
+               "ids": [rng.integers(0, rows, 32) for rows in schema.table_rows]}
+config = bagpipe.Config(batch_size=32, cache_rows=100, dim=4, optimizer="sgd", peer_timeout=30,
+                        lookahead=2)
+job = bagpipe.Job(config, data=batches(), schema=schema)
+(trainer,) = job.trainers
+holder["job"] = job
+del job
+try:
+    for batch in trainer:
+        trainer.end_iteration(torch.zeros_like(trainer.lookup_pooled()))
+except bagpipe.Error as error:
+    print(type(error).__name__, error)
+"""
+
+
+def test_a_job_whose_last_reference_drops_on_the_oracles_thread_closes_cleanly():
+    # Closing there would join the oracle's thread from itself (std::terminate).
+    child = subprocess.run([sys.executable, "-c", DROPPED_ON_THE_ORACLES_THREAD], env=child_env(),
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert "closed" in child.stdout and "terminate" not in child.stderr, child.stdout + child.stderr
