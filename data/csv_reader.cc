@@ -188,6 +188,13 @@ absl::Status ParseLabel(absl::string_view value, absl::string_view clause,
                                                    "': unparsable number '", Excerpt(threshold),
                                                    "' after '", Excerpt(op), "'"));
   }
+  // A NaN threshold compares false with every value, an infinite one (or 1e999) true or false
+  // with all of them: either makes every label the same.
+  if (!std::isfinite(spec->threshold)) {
+    return absl::InvalidArgumentError(absl::StrCat("csv spec clause '", Excerpt(clause, 200),
+                                                   "': the threshold '", Excerpt(threshold),
+                                                   "' is not a finite number"));
+  }
   return absl::OkStatus();
 }
 

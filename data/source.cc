@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/excerpt.h"
 #include "core/status.h"
 #include "data/binary_format.h"
 #include "data/criteo_reader.h"
@@ -71,20 +72,21 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenSource(std::string_view spec,
   }
   if (!options.schema.empty() && kind != "csv") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--schema applies to csv: sources only; '", kind.substr(0, 20),
+        absl::StrCat("--schema applies to csv: sources only; '", Excerpt(kind, 20),
                      ":' data have a fixed layout (leave --schema out)"));
   }
   if (kind == "synthetic") return OpenSynthetic(rest, options);
   if (rest.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "data source '", std::string(spec),
+        "data source '", Excerpt(absl::string_view(spec.data(), spec.size()), 200),
         "' names no file; expected synthetic[:k=v,...], criteo:PATH, csv:PATH or bin:PATH"));
   }
   if (kind == "criteo") return OpenCriteo(rest, options);
   if (kind == "csv") return OpenCsv(rest, options);
   if (kind == "bin") return OpenBinary(rest, options);
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown data source kind '", kind, "' in '", std::string(spec),
+      absl::StrCat("unknown data source kind '", Excerpt(kind), "' in '",
+                   Excerpt(absl::string_view(spec.data(), spec.size()), 200),
                    "'; expected synthetic[:k=v,...], criteo:PATH, csv:PATH or bin:PATH"));
 }
 

@@ -172,6 +172,13 @@ TEST(CsvReaderTest, SpecErrors) {
   EXPECT_THAT(status.message(), HasSubstr("bad operator '!='"));
   status = error("label=rating>high");
   EXPECT_THAT(status.message(), HasSubstr("unparsable number 'high'"));
+  for (const char* threshold : {"nan", "inf", "-inf", "1e999"}) {
+    status = error(absl::StrCat("label=rating>", threshold, "; sparse=userId"));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << threshold;
+    EXPECT_THAT(status.message(),
+                HasSubstr(absl::StrCat("the threshold '", threshold, "' is not a finite number")));
+  }
+  EXPECT_TRUE(error("label=rating>-3.5e2; sparse=userId").ok());
   status = error("dense=year");
   EXPECT_THAT(status.message(), HasSubstr("no label"));
   status = error("label=rating; weights=year");
