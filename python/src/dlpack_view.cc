@@ -41,11 +41,16 @@ std::string DeviceText(const DLDevice& device) {
 }
 
 std::string DtypeText(const DLDataType& dtype) {
-  const char* kind = dtype.code == kDLFloat    ? "float"
-                     : dtype.code == kDLInt    ? "int"
-                     : dtype.code == kDLUInt   ? "uint"
-                     : dtype.code == kDLBfloat ? "bfloat"
-                                               : "other";
+  // DLPack 0.8 added kDLBool (6), which this header (0.6) does not name; PyTorch 2 exports bool
+  // tensors with it.
+  constexpr uint8_t kBoolCode = 6;
+  if (dtype.code == kBoolCode) return "bool";
+  const char* kind = dtype.code == kDLFloat     ? "float"
+                     : dtype.code == kDLInt     ? "int"
+                     : dtype.code == kDLUInt    ? "uint"
+                     : dtype.code == kDLBfloat  ? "bfloat"
+                     : dtype.code == kDLComplex ? "complex"
+                                                : "other";
   return absl::StrCat(kind, static_cast<int>(dtype.bits),
                       dtype.lanes != 1 ? absl::StrCat("x", dtype.lanes) : "");
 }
