@@ -17,7 +17,7 @@ import torch
 
 import bagpipe
 from bagpipe import job as bagpipe_job
-from conftest import child_env
+from conftest import child_env, zero_step
 
 DATA = "synthetic:samples=2000,tables=4,scale=0.001"
 
@@ -27,11 +27,6 @@ def small_config(**options):
                     optimizer="sgd", lr=0.1, peer_timeout=30)
     settings.update(options)
     return bagpipe.Config(**settings)
-
-
-def zero_step(trainer):
-    pooled = trainer.lookup_pooled()
-    trainer.end_iteration(torch.zeros_like(pooled))
 
 
 def finish_loop(trainer):

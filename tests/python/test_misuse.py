@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import bagpipe
-from conftest import child_env
+from conftest import child_env, zero_step
 
 DATA = "synthetic:samples=20000,tables=4,scale=0.0005,seed=4"
 
@@ -26,11 +26,6 @@ def small_config(**options):
                     lookahead=4, dim=4, optimizer="sgd", lr=0.1, peer_timeout=60)
     settings.update(options)
     return bagpipe.Config(**settings)
-
-
-def zero_step(trainer):
-    pooled = trainer.lookup_pooled()
-    trainer.end_iteration(torch.zeros_like(pooled))
 
 
 def cuda_capsule(shape):
