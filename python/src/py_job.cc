@@ -383,6 +383,14 @@ py::object PyTrainer::BeginIteration() {
   }
   started_ = true;
   if (!more.ok()) Raise(more.status());
+  // The end of training while the job is being closed (its Job collected, or closed from
+  // another thread) is no end of the data: say so rather than end the loop as if it were.
+  if (!*more && core_->closed()) {
+    const absl::Status aborted = core_->aborted();
+    RaiseError("UsageError",
+               absl::StrCat("begin_iteration: the job is closed",
+                            aborted.ok() ? "" : absl::StrCat(" (", aborted.message(), ")")));
+  }
   ReleaseKept();
   has_batch_ = *more;
   if (!*more) return py::none();

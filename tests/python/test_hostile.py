@@ -342,13 +342,15 @@ def test_float_ids_from_an_iterable_are_refused_not_truncated():
 
 
 DROPPED_ON_THE_ORACLES_THREAD = """
-import gc, numpy as np, torch, bagpipe
+import gc, threading, numpy as np, torch, bagpipe
 holder = {}
+held = threading.Event()  # the job is in `holder` alone
 schema = bagpipe.Schema(table_rows=[10, 20], num_dense=2)
 def batches():
     rng = np.random.default_rng(0)
     for i in range(100000):
         if i == 5:
+            assert held.wait(60)
             holder.clear()  # the job's last reference goes on the oracle's thread
             gc.collect()
         yield {"dense": rng.standard_normal((32, 2)).astype(np.float32),
@@ -360,6 +362,7 @@ job = bagpipe.Job(config, data=batches(), schema=schema)
 (trainer,) = job.trainers
 holder["job"] = job
 del job
+held.set()
 try:
     for batch in trainer:
         trainer.end_iteration(torch.zeros_like(trainer.lookup_pooled()))
