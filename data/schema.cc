@@ -22,6 +22,26 @@ int64_t Schema::TotalRows() const {
   return total;
 }
 
+absl::Status Schema::CheckRowCounts(int64_t min_rows) const {
+  int64_t total = 0;
+  for (size_t t = 0; t < table_rows.size(); ++t) {
+    const std::string name = t < table_names.size() ? Excerpt(table_names[t]) : absl::StrCat(t);
+    if (table_rows[t] < min_rows) {
+      return absl::InvalidArgumentError(absl::StrCat("schema table '", name, "' has ",
+                                                     table_rows[t], " rows (at least ", min_rows,
+                                                     ")"));
+    }
+    const std::optional<int64_t> sum = CheckedAdd(total, table_rows[t]);
+    if (!sum || *sum > kMaxTotalRows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("schema tables hold more than 2^62 rows in all (table '", name, "' has ",
+                       table_rows[t], ")"));
+    }
+    total = *sum;
+  }
+  return absl::OkStatus();
+}
+
 nlohmann::json Schema::ToJson() const {
   return {{"dense", dense_names}, {"tables", table_names}, {"table_rows", table_rows}};
 }
@@ -55,7 +75,6 @@ absl::StatusOr<Schema> Schema::FromJson(const nlohmann::json& json) {
     return absl::InvalidArgumentError(absl::StrCat("schema lists ", schema.table_names.size(),
                                                    " tables but ", rows->size(), " table sizes"));
   }
-  int64_t total = 0;
   for (size_t t = 0; t < rows->size(); ++t) {
     absl::StatusOr<int64_t> size = JsonToInt64((*rows)[t], "table_rows");
     if (!size.ok()) return Annotate(size.status(), "malformed schema JSON");
@@ -63,16 +82,9 @@ absl::StatusOr<Schema> Schema::FromJson(const nlohmann::json& json) {
       return absl::InvalidArgumentError(
           absl::StrCat("schema table '", Excerpt(schema.table_names[t]), "' has negative size"));
     }
-    // Global row ids linearise every table: their sum must stay an int64.
-    const std::optional<int64_t> sum = CheckedAdd(total, *size);
-    if (!sum) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("schema tables hold more than 2^63 rows in all (table '",
-                       Excerpt(schema.table_names[t]), "' has ", *size, ")"));
-    }
-    total = *sum;
     schema.table_rows.push_back(*size);
   }
+  RETURN_IF_ERROR(schema.CheckRowCounts(0));
   return schema;
 }
 

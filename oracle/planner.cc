@@ -358,12 +358,7 @@ absl::Status Planner::Impl::Init() {
     return absl::InvalidArgumentError(absl::StrCat("at most ", std::numeric_limits<int16_t>::max(),
                                                    " tables, got ", o.schema.num_tables()));
   }
-  for (int t = 0; t < o.schema.num_tables(); ++t) {
-    if (o.schema.table_rows[t] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table ", o.schema.table_names[t], " has a negative row count"));
-    }
-  }
+  RETURN_IF_ERROR(o.schema.CheckRowCounts(0));
   constexpr int64_t kMaxSlots = std::numeric_limits<SlotId>::max();
   if (o.policy == CachePolicy::kDevice) {
     if (o.schema.TotalRows() > kMaxSlots) {

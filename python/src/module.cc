@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -215,14 +216,38 @@ py::tuple ParseTrainArgs(std::vector<std::string> args, const std::string& prog,
   return py::make_tuple(flags.config, other);
 }
 
-Schema MakeSchema(std::vector<int64_t> table_rows, int num_dense,
+// An integer argument of Schema (an int or a numpy integer; not a bool, a float or a string).
+int64_t SchemaInt(py::handle value, const std::string& what) {
+  if (PyBool_Check(value.ptr()) || !PyIndex_Check(value.ptr())) {
+    throw py::type_error(absl::StrCat("Schema: ", what, " must be an int, got ",
+                                      py::str(py::type::of(value).attr("__name__")).cast<std::string>()));
+  }
+  const py::int_ number = py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr()));
+  int overflow = 0;
+  const long long result = PyLong_AsLongLongAndOverflow(number.ptr(), &overflow);
+  if (overflow != 0) {
+    RaiseError("ConfigError", absl::StrCat("Schema: ", what, " is out of the int64 range"));
+  }
+  return result;
+}
+
+Schema MakeSchema(py::object table_rows, py::object num_dense_arg,
                   std::optional<std::vector<std::string>> table_names,
                   std::optional<std::vector<std::string>> dense_names) {
   Schema schema;
-  schema.table_rows = std::move(table_rows);
-  for (int64_t rows : schema.table_rows) {
-    if (rows < 1) RaiseError("ConfigError", absl::StrCat("Schema: a table of ", rows, " rows"));
+  if (py::isinstance<py::str>(table_rows) || py::isinstance<py::bytes>(table_rows) ||
+      !py::isinstance<py::sequence>(table_rows)) {
+    throw py::type_error("Schema: table_rows must be a list of row counts");
   }
+  const py::sequence rows = table_rows;
+  for (size_t t = 0; t < rows.size(); ++t) {
+    schema.table_rows.push_back(SchemaInt(rows[t], absl::StrCat("table_rows[", t, "]")));
+  }
+  const int64_t num_dense64 = SchemaInt(num_dense_arg, "num_dense");
+  if (num_dense64 > std::numeric_limits<int16_t>::max()) {
+    RaiseError("ConfigError", absl::StrCat("Schema: num_dense ", num_dense64, " is too large"));
+  }
+  const int num_dense = static_cast<int>(std::max<int64_t>(num_dense64, -1));
   if (num_dense < 0) RaiseError("ConfigError", "Schema: num_dense < 0");
   if (table_names.has_value()) {
     if (table_names->size() != schema.table_rows.size()) {
@@ -242,6 +267,9 @@ Schema MakeSchema(std::vector<int64_t> table_rows, int num_dense,
   } else {
     for (int d = 0; d < num_dense; ++d) schema.dense_names.push_back(absl::StrCat("dense", d));
   }
+  if (schema.table_rows.empty()) RaiseError("ConfigError", "Schema: no tables");
+  const absl::Status counts = schema.CheckRowCounts(1);
+  if (!counts.ok()) RaiseError("ConfigError", absl::StrCat("Schema: ", counts.message()));
   return schema;
 }
 
@@ -252,7 +280,7 @@ PYBIND11_MODULE(_core, m) {
   BindConfig(m);
 
   py::class_<Schema>(m, "Schema", "Tables and dense features of data given as an iterable.")
-      .def(py::init(&MakeSchema), py::arg("table_rows"), py::arg("num_dense") = 0,
+      .def(py::init(&MakeSchema), py::arg("table_rows"), py::arg("num_dense") = py::int_(0),
            py::arg("table_names") = py::none(), py::arg("dense_names") = py::none())
       .def_readonly("table_rows", &Schema::table_rows)
       .def_readonly("table_names", &Schema::table_names)
