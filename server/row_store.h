@@ -51,10 +51,20 @@ class RowStore {
   int64_t bytes() const;
 
  private:
-  static constexpr int64_t kChunkRows = 1 << 16;
+  // Rows per chunk: a power of two, at most 2^16, and chunks of about 16 MiB at most (a wide
+  // record must not make the first row of a table allocate gigabytes).
+  static constexpr int64_t kMaxChunkRows = 1 << 16;
+  static constexpr int64_t kChunkBytes = 16 << 20;
+  float* RecordAt(uint32_t index) const {
+    return chunks_[index >> chunk_shift_].get() + (index & chunk_mask_) * record_floats_;
+  }
+  // Adds a chunk when record `index` is the first of one.
+  void Grow(uint32_t index);
 
   RowInitializer initializer_;
   int record_floats_;
+  int chunk_shift_ = 16;
+  uint32_t chunk_mask_ = kMaxChunkRows - 1;
   absl::flat_hash_map<RowId, uint32_t> index_;
   std::vector<std::unique_ptr<float[]>> chunks_;
   std::vector<Iteration> stamps_;

@@ -238,6 +238,9 @@ absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_si
   shape.servers = layout.servers;
   shape.embedded = world_size <= 0;
   shape.record_floats = RecordFloats(optimizer.kind, dim);
+  shape.dim = dim;
+  shape.cache_rows = options.trainer.cache_rows;
+  shape.host_trainers = device == Backend::kCpu;
   shape.server_link = server_link;
   shape.peer_timeout = peer_timeout;
   RETURN_IF_ERROR(CheckJobLimits(shape));

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -46,6 +47,15 @@ int64_t EstimateWindowBytes(const JobShape& shape) {
   return static_cast<int64_t>(std::min(bytes, 9e18));
 }
 
+int64_t EstimateTrainerBytes(const JobShape& shape) {
+  const double trainers = std::max(1, shape.trainers);
+  const double cache = static_cast<double>(shape.cache_rows) * shape.record_floats * sizeof(float);
+  const double buffers = 2.0 * std::ceil(static_cast<double>(shape.batch_size) / trainers) *
+                         shape.num_tables * shape.dim * sizeof(float);
+  const double bytes = (shape.embedded ? trainers : 1.0) * (cache + buffers);
+  return static_cast<int64_t>(std::min(bytes, 9e18));
+}
+
 absl::Status CheckJobLimits(const JobShape& shape, int64_t memory_bytes) {
   if (memory_bytes <= 0) memory_bytes = PhysicalMemoryBytes();
   const double memory = static_cast<double>(memory_bytes);
@@ -58,6 +68,16 @@ absl::Status CheckJobLimits(const JobShape& shape, int64_t memory_bytes) {
           "memory",
           shape.lookahead, FormatBytes(window), shape.trainers, shape.num_tables, shape.batch_size,
           FormatBytes(memory)));
+    }
+    const double trainer = static_cast<double>(EstimateTrainerBytes(shape));
+    if (shape.host_trainers && trainer > memory / 2) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--dim %d with --cache-rows %d and --batch-size %d: the %s would take about %s "
+          "(caches of %d-float records and the pooled embeddings and their gradients), more "
+          "than half of this machine's %s of memory",
+          shape.dim, shape.cache_rows, shape.batch_size,
+          shape.embedded ? absl::StrCat(shape.trainers, " trainer(s)' memory") : "trainer's memory",
+          FormatBytes(trainer), shape.record_floats, FormatBytes(memory)));
     }
   }
   if (shape.embedded) {

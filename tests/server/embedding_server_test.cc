@@ -52,6 +52,24 @@ TEST(RowStoreTest, ManyRowsKeepStablePointersAndSortedIteration) {
   EXPECT_GT(store.bytes_per_row(), kDim * 4);
 }
 
+TEST(RowStoreTest, WideRecordsAllocateSmallChunks) {
+  // 100k floats a record (400 KB): the first row must not allocate 2^16 records (26 GB).
+  constexpr int kWide = 100000;
+  RowStore store(RowInitializer(1, kWide, 0, 0, {1000}));
+  for (RowId r = 0; r < 100; ++r) store.GetOrCreate(r);
+  EXPECT_LE(store.bytes(), int64_t{64} << 20);
+  EXPECT_GE(store.bytes(), int64_t{100} * kWide * 4);
+  for (RowId r = 0; r < 100; ++r) {
+    EXPECT_EQ(store.Find(r), store.GetOrCreate(r));  // every record where it was created
+  }
+  int64_t seen = 0;
+  store.ForEachSorted([&](RowId row, const float* record) {
+    EXPECT_EQ(record, store.Find(row));
+    ++seen;
+  });
+  EXPECT_EQ(seen, 100);
+}
+
 TEST(EmbeddingServerTest, FetchServesInitialRowsThenWrittenBackValues) {
   EmbeddingServer server({Init()}, /*num_trainers=*/1);
   server.HandleFetch(0, FetchRequest{1, 0, {5, 6}, {-1, -1}});

@@ -43,6 +43,33 @@ TEST(JobLimitsTest, TheWindowGrowsWithTheLookaheadAndIsRefusedWithItsSize) {
               AllOf(HasSubstr("--lookahead 1000000000"), HasSubstr(" TB"), HasSubstr("25.8 GB")));
 }
 
+TEST(JobLimitsTest, TheTrainersCachesAndBuffersAreRefusedWithTheirSize) {
+  JobShape shape = CriteoLike();
+  shape.cache_rows = 1000000;
+  shape.record_floats = 32;
+  shape.dim = 16;
+  EXPECT_TRUE(CheckJobLimits(shape, kMemory).ok());
+  // A wide row: 100k floats per record; 1M rows of them are 400 GB (and 21 GB of buffers).
+  shape.dim = 100000;
+  shape.record_floats = 100000;
+  EXPECT_GT(EstimateTrainerBytes(shape), int64_t{400} * 1000 * 1000 * 1000);
+  absl::Status status = CheckJobLimits(shape, kMemory);
+  EXPECT_THAT(status.message(), AllOf(HasSubstr("--dim 100000"), HasSubstr("--cache-rows 1000000"),
+                                      HasSubstr("421.3 GB"), HasSubstr("25.8 GB")));
+  // Embedded: every trainer's share counts; under mpirun, one trainer's.
+  shape.cache_rows = 50000;  // 20 GB per trainer
+  shape.trainers = 4;
+  EXPECT_FALSE(CheckJobLimits(shape, kMemory).ok());
+  shape.embedded = false;
+  shape.cache_rows = 10000;  // 4 GB, and 5.3 GB of buffers for a quarter of the batch
+  EXPECT_TRUE(CheckJobLimits(shape, kMemory).ok());
+  // Caches on a GPU are not host memory (the device reports its own allocation failures).
+  shape.embedded = true;
+  shape.cache_rows = 1000000;
+  shape.host_trainers = false;
+  EXPECT_TRUE(CheckJobLimits(shape, kMemory).ok());
+}
+
 TEST(JobLimitsTest, EmbeddedJobsRefuseThousandsOfServerThreads) {
   JobShape shape = CriteoLike();
   shape.servers = 100000;
