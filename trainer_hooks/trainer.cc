@@ -447,8 +447,10 @@ class Trainer::Impl {
         drain_ = std::move(next);
         training_done_ = true;
       } else if (next.kind == PlanKind::kIteration) {
+        const Iteration iteration = next.plan.iteration;
+        ReturnPlan(std::move(next));  // the loop may go on: nothing is lost
         return absl::FailedPreconditionError(absl::StrCat(
-            "Flush before the end of training: iteration ", next.plan.iteration,
+            "Flush before the end of training: iteration ", iteration,
             " was never run (every planned iteration must run, or the plans' write-backs and "
             "exchanges would be missing)"));
       } else {
@@ -696,8 +698,20 @@ class Trainer::Impl {
     if (plans_.empty()) return plan_error_;
     ReadyPlan next = std::move(plans_.front());
     plans_.pop_front();
-    RETURN_IF_ERROR(transport_.Send(JobLayout::oracle_rank(), kTagPlanCredit, Bytes{}));
+    if (returned_plan_) {
+      returned_plan_ = false;  // its credit went back when it was first popped
+    } else {
+      RETURN_IF_ERROR(transport_.Send(JobLayout::oracle_rank(), kTagPlanCredit, Bytes{}));
+    }
     return next;
+  }
+
+  // Puts a popped plan back at the front of the queue (a call that popped it failed before it
+  // changed anything); the next PopPlan returns it without a second credit to the oracle.
+  void ReturnPlan(ReadyPlan plan) {
+    absl::MutexLock lock(&plan_mu_);
+    plans_.push_front(std::move(plan));
+    returned_plan_ = true;
   }
 
   // Hands the current plan's staging slot back once the compute stream read it.
@@ -978,6 +992,7 @@ class Trainer::Impl {
   std::deque<ReadyPlan> plans_ ABSL_GUARDED_BY(plan_mu_);
   absl::Status plan_error_ ABSL_GUARDED_BY(plan_mu_);
   bool stop_plans_ ABSL_GUARDED_BY(plan_mu_) = false;
+  bool returned_plan_ ABSL_GUARDED_BY(plan_mu_) = false;  // plans_.front() came back (ReturnPlan)
   std::thread plan_thread_;
 
   TrainerPlan plan_;
