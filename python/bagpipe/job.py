@@ -1,6 +1,7 @@
 """Jobs and trainers: the pull-style API a PyTorch training loop drives (see the package doc)."""
 
 import atexit
+import collections.abc
 import io
 import json
 import numbers
@@ -33,13 +34,50 @@ def parse_train_args(args=None, prog="dlrm_pytorch.py", description=""):
     import sys
     if args is None:
         args = sys.argv[1:]
-    config, other = _core.parse_train_args([str(a) for a in args], prog, description)
-    return Config._of(config), dict(other)
+    args = [_check_text(str(a), f"parse_train_args: argument {i}", ConfigError, nul=False)
+            for i, a in enumerate(args)]
+    config, other = _core.parse_train_args(args, prog, description)
+    config = Config._of(config)
+    for name in _OPTION_KINDS:  # the flags' values pass the checks a Config's setters make (NUL)
+        _check_option(name, getattr(config, name))
+    return config, dict(other)
+
+
+def _check_text(text, what, error=ValueError, nul=True):
+    """``text`` (a str) if the runtime can take it whole; else ``error`` naming ``what``: a NUL
+    (checked unless ``nul`` is False) would end it there (a C string), and what UTF-8 cannot
+    encode (a lone surrogate, as a filename decoded with surrogateescape holds) fails
+    pybind11's conversion."""
+    if nul and "\0" in text:
+        raise error(f"{what}: {text!r} contains a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as problem:
+        raise error(f"{what}: {text!r} cannot be encoded as UTF-8 ({problem.reason}: "
+                    f"{text[problem.start]!r} at index {problem.start})") from None
+    return text
+
+
+def _message_text(message):
+    """A message for the runtime, kept whole: NUL spelled \\0 (the message would end there) and
+    what UTF-8 cannot encode (a lone surrogate) escaped with a backslash."""
+    text = str(message).replace("\0", "\\0")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _describe(error):
+    """``Type: message`` of an exception, even one whose __str__ raises."""
+    try:
+        text = str(error)
+    except Exception as problem:  # a hostile __str__: the type still names the root cause
+        text = f"<str() raised {type(problem).__name__}>"
+    return f"{type(error).__name__}: {text}"
 
 
 # Every Config option by kind, as _core.Config stores it (trainer_hooks/job_config.h): values
 # are checked here so that a wrong type names the option (pybind11's own error does not), a bool
-# is no int, an int no bool, and a string holds no NUL (a path would end there).
+# is no int, an int no bool, and a string holds no NUL (a path would end there) and is valid
+# UTF-8 (no lone surrogate).
 _INT_RANGES = {"int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1),
                "uint64": (0, 2**64 - 1)}
 _OPTION_KINDS = {
@@ -60,7 +98,7 @@ _OPTION_KINDS = {
 
 def _check_option(name, value):
     """``value`` as option ``name`` takes it; TypeError (wrong type) or ConfigError (out of
-    range, NUL in a string) naming the option."""
+    range, NUL or a lone surrogate in a string) naming the option."""
     kind = _OPTION_KINDS[name]
     if kind.endswith("?"):
         if value is None:
@@ -99,9 +137,7 @@ def _check_option(name, value):
     if not isinstance(value, str):
         raise wrong("a str" + (" or a path" if kind == "path" else "")
                     + (" or None" if _OPTION_KINDS[name].endswith("?") else ""))
-    if "\0" in value:
-        raise ConfigError(f"Config.{name}: {value!r} contains a NUL character")
-    return value
+    return _check_text(value, f"Config.{name}", ConfigError)
 
 
 class Config(_core.Config):
@@ -140,23 +176,52 @@ class Config(_core.Config):
 
 def _json_text(value, what):
     """``value`` as JSON text for the runtime; TypeError/ValueError naming ``what`` (strict
-    JSON: NaN and infinities have no spelling there)."""
+    JSON: NaN and infinities have no spelling there, nor a lone surrogate in a string)."""
     try:
-        return json.dumps(value if value is not None else {}, allow_nan=False)
+        text = json.dumps(value if value is not None else {}, allow_nan=False,
+                          ensure_ascii=False)
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"{what}: a string cannot be encoded as UTF-8 ({error.reason}: "
+                         f"{error.object[error.start]!r})") from None
     except (TypeError, ValueError) as error:
         raise type(error)(f"{what}: {error}") from None
+    return text
 
 
 def _path_text(path, what):
-    """A path argument as the runtime takes it ("" for None); ValueError on a NUL."""
+    """A path argument as the runtime takes it ("" for None); TypeError when it is no path,
+    ValueError on a NUL or what UTF-8 cannot encode."""
     if path is None:
         return ""
-    path = os.fspath(path)
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"{what}: expected a str or a path, got {type(path).__name__}") from None
     if isinstance(path, bytes):
         path = os.fsdecode(path)
-    if "\0" in path:
-        raise ValueError(f"{what}: {path!r} contains a NUL character")
-    return path
+    return _check_text(path, what)
+
+
+def _check_output_file(path, what):
+    """ValueError naming ``what`` when a file cannot be created at ``path`` (a directory, or
+    its directory missing): checked before the job ends, so that the caller can retry."""
+    if os.path.isdir(path):
+        raise ValueError(f"{what}: {path!r} is a directory")
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise ValueError(f"{what}: cannot create {path!r}: its directory {parent!r} "
+                         + ("is not a directory" if os.path.exists(parent) else "does not exist"))
+
+
+def _make_directory(path, what):
+    """Creates directory ``path`` (and its parents); ValueError naming ``what`` when it
+    cannot (a file there, no permission)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"{what}: cannot create the directory {path!r}: "
+                         f"{error.strerror or error}") from None
 
 
 class MetricsWriter:
@@ -164,6 +229,8 @@ class MetricsWriter:
 
     def __init__(self, path):
         path = _path_text(path, "MetricsWriter")
+        if not path:
+            raise ValueError("MetricsWriter: the path is empty")
         if os.path.isdir(path):
             raise IsADirectoryError(f"MetricsWriter: {path!r} is a directory")
         self._writer = _core.MetricsWriter(path)
@@ -175,6 +242,12 @@ class MetricsWriter:
 def initial_embedding_weights(config, schema):
     """The tables' initial rows as the embedding servers create them: a list of float32
     tensors [rows, dim], one per table (to start a pure-PyTorch model from the same point)."""
+    if not isinstance(config, _core.Config):
+        raise TypeError(f"initial_embedding_weights: config must be a bagpipe.Config, got "
+                        f"{type(config).__name__}")
+    if not isinstance(schema, Schema):
+        raise TypeError(f"initial_embedding_weights: schema must be a bagpipe.Schema, got "
+                        f"{type(schema).__name__}")
     rows = list(schema.table_rows)
     return [torch.from_numpy(_core.initial_rows(config.seed, config.dim, rows, t))
             for t in range(len(rows))]
@@ -421,19 +494,29 @@ class Trainer:
         parameters (a tensor or a list of tensors, e.g. ``list(model.parameters())``; trainer
         0's go into params.bin and the fingerprint); ``predictions``/``labels``: held-out
         probabilities and labels (summary.json's log loss and AUC); ``info``: the loop's figures
-        for summary.json (train_loss, iterations, samples, seconds, time_ms)."""
-        self._end_pending()
-        def flat(values):
+        for summary.json (train_loss, iterations, samples, seconds, time_ms; checked here: a
+        figure of the wrong type raises TypeError, a negative one ValueError)."""
+        def flat(values, what):
             if values is None:
                 return None
             if isinstance(values, torch.Tensor):
                 values = [values]
             if isinstance(values, (list, tuple)) and values and isinstance(values[0], torch.Tensor):
+                for index, v in enumerate(values):
+                    if not isinstance(v, torch.Tensor):
+                        raise TypeError(f"complete: {what}: item {index} is a "
+                                        f"{type(v).__name__}, not a tensor")
+                    if v.is_meta:
+                        raise ValueError(f"complete: {what}: item {index} is a meta tensor "
+                                         "(it holds no values)")
                 return torch.cat([v.detach().reshape(-1).to("cpu", torch.float32)
                                   for v in values]).numpy()
             return np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(-1))
-        self._core.complete(flat(dense), flat(predictions), flat(labels),
-                            _json_text(info, "complete: info"))
+        arrays = [flat(dense, "dense"), flat(predictions, "predictions"), flat(labels, "labels")]
+        info_text = _json_text(info, "complete: info")
+        _check_info(info)
+        self._end_pending()
+        self._core.complete(*arrays, info_text)
 
     def set_loop_state(self, save, restore):
         """Makes checkpoints hold the loop's own state (the dense model, its optimizer, the loop's
@@ -477,6 +560,42 @@ class Trainer:
         return json.loads(self._core.stats_json())
 
 
+# The figures of complete(info=...) that summary.json reads (model/run_report.cc), by JSON type:
+# a count is an int in [0, 2**63) (int64_t there), a number a finite int or float (double).
+_INFO_KINDS = {"iterations": "count", "samples": "count", "seconds": "non-negative number",
+               "train_loss": "number", "time_ms": "dict"}
+
+
+def _check_info(info):
+    """TypeError/ValueError naming the figure of ``info`` the runtime could not read (it would
+    fail in finish(), after the job ended)."""
+    if not isinstance(info, dict):
+        return  # None, or no dict: the runtime's UsageError says so
+    for key, kind in _INFO_KINDS.items():
+        if key not in info:
+            continue
+        value = info[key]
+        what = f"complete: info[{key!r}]"
+        if kind == "dict":
+            if not isinstance(value, dict):
+                raise TypeError(f"{what}: expected a dict, got {type(value).__name__}")
+            continue
+        types = int if kind == "count" else (int, float)
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise TypeError(f"{what}: expected {'an int' if kind == 'count' else 'a number'}, "
+                            f"got {type(value).__name__} {value!r:.80}")
+        if kind == "count" and not 0 <= value < 2**63:
+            raise ValueError(f"{what}: {value} is out of range [0, 2**63)")
+        if kind != "count":  # finite: _json_text refused NaN and infinities
+            try:
+                number = float(value)
+            except OverflowError:
+                raise ValueError(f"{what}: an int of {value.bit_length()} bits is out of range "
+                                 "(a float)") from None
+            if kind == "non-negative number" and number < 0:
+                raise ValueError(f"{what}: {value} is negative")
+
+
 _live_jobs = weakref.WeakSet()
 
 
@@ -494,25 +613,76 @@ class _InterruptWatch:
     """Acts on a SIGINT (or a SIGTERM Python handles) while a call blocks in the runtime: Python's
     signal handler only sets a flag that the blocked main thread would not see.
     signal.set_wakeup_fd makes the handler also write the signal number to a socket this thread
-    reads; it then calls ``on_signal(signum)`` (the Job aborts, or stops at an iteration boundary
-    when checkpoints are configured). Python's own handler then runs on the main thread as
-    usual."""
+    reads; it then calls ``job._on_signal(signum)`` for every live job it watches (the Job
+    aborts, or stops at an iteration boundary when checkpoints are configured). Python's own
+    handler then runs on the main thread as usual.
 
-    def __init__(self, core, on_signal):
-        self._active = False
-        if threading.current_thread() is not threading.main_thread():
-            return  # set_wakeup_fd works from the main thread only: Ctrl-C is left to Python
+    One watch serves every job of the process (set_wakeup_fd holds one descriptor), so jobs may
+    close in any order: the watch starts with the first job created on the main thread and ends
+    when the last one closes there (set_wakeup_fd works from the main thread only; a job closed
+    on another thread leaves the watch running, idle, for the next job). The watch holds the
+    jobs weakly: its thread must not keep a Job alive (a Job dropped without close() is
+    collected, and its __del__ ends the job)."""
+
+    # Guards _current and every watch's _jobs. Reentrant: a Job collected while it is held (its
+    # __del__ closes it) unwatches itself on the same thread.
+    _lock = threading.RLock()
+    _current = None  # the running watch, or None
+
+    def __init__(self):
+        self._jobs = weakref.WeakSet()
         self._reader, self._writer = socket.socketpair()
         self._writer.setblocking(False)
-        self._previous = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
-        self._core = core
-        # Weakly: the watch's thread must not keep the Job alive (a Job dropped without close()
-        # is collected, and its __del__ ends the job and this thread).
-        self._on_signal = weakref.WeakMethod(on_signal)
-        self._active = True
+        try:
+            self._previous = signal.set_wakeup_fd(self._writer.fileno(),
+                                                  warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            self._reader.close()
+            self._writer.close()
+            raise
         self._thread = threading.Thread(target=self._run, name="bagpipe-interrupt-watch",
                                         daemon=True)
         self._thread.start()
+
+    @classmethod
+    def watch(cls, job):
+        """Makes Ctrl-C act on ``job``; False when it cannot (not on the main thread: Ctrl-C is
+        left to Python)."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        with cls._lock:
+            if cls._current is None:
+                try:
+                    cls._current = cls()
+                except (ValueError, OSError):  # no signals here (e.g. a subinterpreter)
+                    return False
+            cls._current._jobs.add(job)
+        return True
+
+    @classmethod
+    def unwatch(cls, job):
+        """Stops acting on ``job``; ends the watch when no job is left and this is the main
+        thread, and the wakeup descriptor is still the watch's (another one set after it, e.g.
+        an asyncio loop's, may restore the watch's later: it then stays open)."""
+        with cls._lock:
+            watch = cls._current
+            if watch is None:
+                return
+            watch._jobs.discard(job)
+            if len(watch._jobs) > 0 or threading.current_thread() is not threading.main_thread():
+                return
+            try:
+                current = signal.set_wakeup_fd(watch._previous)
+            except (ValueError, OSError):  # the previous descriptor was closed meanwhile
+                current = signal.set_wakeup_fd(-1)
+            if current != watch._writer.fileno():
+                signal.set_wakeup_fd(current)
+                return
+            cls._current = None
+        watch._writer.close()
+        if threading.current_thread() is not watch._thread:
+            watch._thread.join()
+        watch._reader.close()
 
     def _run(self):
         while True:
@@ -527,24 +697,53 @@ class _InterruptWatch:
                     os.write(self._previous, received)  # the previous listener gets them too
                 except OSError:
                     pass
-            on_signal = self._on_signal()
+            with self._lock:
+                jobs = list(self._jobs)
             for signum in (signal.SIGINT, signal.SIGTERM):
-                if signum in received and on_signal is not None:
-                    on_signal(signum)
-            del on_signal
+                if signum not in received:
+                    continue
+                for job in jobs:
+                    try:
+                        job._on_signal(signum)
+                    except Exception:  # e.g. closed meanwhile: the other jobs still hear it
+                        pass
+            del jobs
 
-    def close(self):
-        if not self._active:
-            return
-        self._active = False
-        try:
-            signal.set_wakeup_fd(self._previous)
-        except ValueError:
-            pass  # not on the main thread: the interpreter keeps our (closed) socket's number
-        self._writer.close()
-        if threading.current_thread() is not self._thread:  # the Job may go on this thread
-            self._thread.join()
-        self._reader.close()
+
+class _OneShot:
+    """Data that is an iterator (a generator): the runtime calls iter() on its data at each pass,
+    and a spent iterator would look empty ("yields no samples"). The second pass raises an error
+    that says why instead. A subclass per iterator type keeps the data's description ("python
+    iterable (generator)")."""
+
+    def __init__(self, iterator):
+        self._iterator = iterator
+
+    def __iter__(self):
+        iterator, self._iterator = self._iterator, None
+        if iterator is None:
+            raise ConfigError(f"Job: data is a one-shot iterator ({type(self).__name__}) and "
+                              "config.iterations asks for more than one pass over it: it cannot "
+                              "be read twice (pass a re-iterable, such as a list or an object "
+                              "whose __iter__ starts a new pass)")
+        return iterator
+
+
+_one_shot_types = {}  # iterator type name -> its _OneShot subclass
+
+
+def _one_shot(iterator, config):
+    """``iterator`` as Job's data: ConfigError at once when the config reads the data more
+    than once (epochs > 1), else wrapped in a _OneShot."""
+    if config.iterations == 0 and config.epochs > 1:
+        raise ConfigError(f"Job: data is a one-shot iterator ({type(iterator).__name__}) and "
+                          f"config.epochs is {config.epochs}: it cannot be read twice (pass a "
+                          "re-iterable, such as a list or an object whose __iter__ starts a new "
+                          "pass)")
+    name = type(iterator).__name__
+    if name not in _one_shot_types:
+        _one_shot_types[name] = type(name, (_OneShot,), {})
+    return _one_shot_types[name](iterator)
 
 
 class Job:
@@ -560,7 +759,9 @@ class Job:
     with optional per-table ``offsets`` (n bag starts as nn.EmbeddingBag takes them, or n + 1
     CSR offsets; none: one id per sample) — described by ``schema`` (a Schema);
     ``eval_data``: held-out batches in the same form. The samples of the items are cut into
-    global batches of ``config.batch_size``.
+    global batches of ``config.batch_size``. Each pass calls iter(data) anew: an iterator (a
+    generator) is read once, and a second pass (epochs > 1 up front; iterations beyond its end
+    when it gets there) raises ConfigError.
 
     Checkpoints: ``config.checkpoint_dir``/``checkpoint_every``/``keep_checkpoints``/``resume``
     as ``bagpipe train``'s flags; each trainer registers the loop's state
@@ -576,12 +777,16 @@ class Job:
     def __init__(self, config, data=None, schema=None, eval_data=None, checkpoint_identity=None):
         if not isinstance(config, _core.Config):
             raise TypeError(f"Job: config must be a bagpipe.Config, got {type(config).__name__}")
+        if schema is not None and not isinstance(schema, Schema):
+            raise TypeError(f"Job: schema must be a bagpipe.Schema, got {type(schema).__name__}")
         normalize = None
         if data is not None:
             if schema is None:
                 raise ConfigError("Job: data given as an iterable needs a schema "
                                   "(bagpipe.Schema(table_rows=[...], num_dense=...))")
             normalize = _data.Normalizer(schema.num_tables, schema.num_dense)
+            if isinstance(data, collections.abc.Iterator):
+                data = _one_shot(data, config)
         self._core = _core.Job(config, data, eval_data, normalize, schema,
                                _json_text(checkpoint_identity, "Job: checkpoint_identity"))
         self.schema = self._core.schema
@@ -591,7 +796,7 @@ class Job:
         self._ran = False
         self._signals = 0
         self._signal_lock = threading.Lock()
-        self._watch = _InterruptWatch(self._core, self._on_signal)
+        self._watched = _InterruptWatch.watch(self)
         _live_jobs.add(self)
 
     config = property(lambda self: Config._of(self._core.config),
@@ -635,7 +840,7 @@ class Job:
                 results[index] = fn(trainer, *args, **kwargs)
             except BaseException as error:  # KeyboardInterrupt included: the job must stop
                 errors.append(error)
-                self.abort(f"trainer {trainer.id} raised {type(error).__name__}: {error}")
+                self.abort(f"trainer {trainer.id} raised {_describe(error)}")
 
         threads = [threading.Thread(target=body, args=(i,), name=f"bagpipe-trainer-{i}")
                    for i in range(1, len(self.trainers))]
@@ -662,16 +867,29 @@ class Job:
         return results
 
     def abort(self, message="aborted"):
-        """Ends the job everywhere: every blocked or later call raises JobError(message)."""
-        self._core.abort(str(message))
+        """Ends the job everywhere: every blocked or later call raises JobError(message). An
+        empty message (or None) says "aborted"; a NUL is spelled \\0 and what UTF-8 cannot
+        encode is escaped, so the message arrives whole."""
+        text = "" if message is None else _message_text(message)
+        self._core.abort(text or "aborted")
 
     def request_stop(self, signum=signal.SIGINT):
         """Stops the job at an iteration boundary, as SIGINT/SIGTERM stop ``bagpipe train``:
         every rank agrees on the iteration (at most lookahead + plan queue + 2 after the
         request), a checkpoint is written when config.checkpoint_dir is set, every trainer's
         begin_iteration then returns None, and finish() raises Stopped. Thread-safe; from any
-        thread or a signal handler. ``signum``: the signal reported."""
-        self._core.request_stop(int(signum))
+        thread or a signal handler. ``signum``: the signal reported (an int in [1, NSIG))."""
+        if isinstance(signum, (bool, np.bool_)):
+            raise TypeError("request_stop: signum must be a signal number, got bool")
+        try:
+            signum = operator.index(signum)
+        except TypeError:
+            raise TypeError(f"request_stop: signum must be a signal number, got "
+                            f"{type(signum).__name__}") from None
+        if not 0 < signum < signal.NSIG:
+            raise ValueError(f"request_stop: signum {signum} is no signal number (1 to "
+                             f"{signal.NSIG - 1})")
+        self._core.request_stop(signum)
 
     @property
     def checkpoints(self):
@@ -693,7 +911,7 @@ class Job:
         # With checkpoints, the first SIGINT/SIGTERM stops at an iteration boundary instead of
         # raising KeyboardInterrupt in the loop (the watch thread requests the stop); a second
         # one aborts the job. Main thread only (where Python runs handlers).
-        if not self.checkpoints or not self._watch._active:
+        if not self.checkpoints or not self._watched:
             return {}
         previous = {}
 
@@ -709,15 +927,26 @@ class Job:
         parameter into the fingerprint — and DIR/params.bin with ``dump_params`` — and returns
         the summary (the same summary.json as ``bagpipe train``; written with ``summary_json``,
         or into ``out``/summary.json); other ranks return None. ``model``: a dict describing the
-        dense model for summary.json and the params.bin header (e.g. model/bottom/top)."""
+        dense model for summary.json and the params.bin header (e.g. model/bottom/top). Paths
+        that cannot be written raise TypeError/ValueError before the job ends (retry with
+        others)."""
+        model = _json_text(model, "finish: model")
+        default_summary = summary_json is None
+        summary_json = _path_text(summary_json, "finish: summary_json")
+        dump_params = _path_text(dump_params, "finish: dump_params")
         if out is not None:
             out = _path_text(out, "finish: out")
-            os.makedirs(out, exist_ok=True)
-            if summary_json is None:
+            if not out:
+                raise ValueError("finish: out: the path is empty")
+            _make_directory(out, "finish: out")
+            if default_summary:
                 summary_json = os.path.join(out, "summary.json")
-        text = self._core.finish(_path_text(summary_json, "finish: summary_json"),
-                                 _path_text(dump_params, "finish: dump_params"),
-                                 _json_text(model, "finish: model"))
+        if self.rank == 0:  # the rank that writes them
+            if summary_json:
+                _check_output_file(summary_json, "finish: summary_json")
+            if dump_params:
+                _make_directory(dump_params, "finish: dump_params")
+        text = self._core.finish(summary_json, dump_params, model)
         self._finished = True
         result = None if text is None else json.loads(text)
         if result is not None and "stopped" in result:
@@ -729,20 +958,22 @@ class Job:
     def close(self):
         """Aborts the job unless it finished, waits for calls in flight and joins its threads.
         Idempotent."""
-        watch = getattr(self, "_watch", None)
-        if watch is not None:
-            watch.close()
-        core = getattr(self, "_core", None)
-        if core is not None:
-            core.close()
-        _live_jobs.discard(self)
+        try:
+            if getattr(self, "_watched", False):
+                self._watched = False
+                _InterruptWatch.unwatch(self)
+        finally:  # the runtime closes whatever happened to the watch
+            core = getattr(self, "_core", None)
+            if core is not None:
+                core.close()
+            _live_jobs.discard(self)
 
     def __enter__(self):
         return self
 
     def __exit__(self, kind, error, traceback):
         if error is not None and not self._finished:
-            self.abort(f"{kind.__name__}: {error}")
+            self.abort(_describe(error))
         self.close()
         return False
 

@@ -2,6 +2,8 @@
 
 import torch
 
+from bagpipe.job import Batch, Trainer
+
 
 class _PooledLookup(torch.autograd.Function):
     """Forward: the batch's pooled embeddings. Backward: hands d(loss)/d(pooled) to the runtime
@@ -37,10 +39,16 @@ class EmbeddingBags(torch.nn.Module):
     """
 
     def __init__(self, trainer):
+        if not isinstance(trainer, Trainer):
+            raise TypeError(f"EmbeddingBags: trainer must be a bagpipe.Trainer (one of "
+                            f"job.trainers), got {type(trainer).__name__}")
         super().__init__()
         self.trainer = trainer
 
     def forward(self, batch):
+        if not isinstance(batch, Batch):
+            raise TypeError(f"EmbeddingBags: expected a bagpipe.Batch (from begin_iteration or "
+                            f"eval_batches), got {type(batch).__name__}")
         if batch.is_eval or not torch.is_grad_enabled():
             return self.trainer.lookup_pooled()
         anchor = torch.empty(0, requires_grad=True)  # makes autograd record the lookup

@@ -6,9 +6,11 @@ run_trainers called twice, a Job dropped without close(), exceptions of every ki
 import gc
 import math
 import pathlib
+import signal
 import subprocess
 import sys
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -377,3 +379,220 @@ def test_a_job_whose_last_reference_drops_on_the_oracles_thread_closes_cleanly()
                            capture_output=True, text=True, timeout=120)
     assert child.returncode == 0, child.stderr
     assert "closed" in child.stdout and "terminate" not in child.stderr, child.stdout + child.stderr
+
+
+def test_jobs_close_in_any_order_and_ctrl_c_still_reaches_the_live_one():
+    before = len(watch_threads())
+    first, second = bagpipe.Job(small_config()), bagpipe.Job(small_config())
+    assert len(watch_threads()) == before + 1  # one watch serves every job
+    first.close()  # was OSError (EBADF), restoring the first job's closed wakeup socket
+    assert first._core.closed and not second._core.closed
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+    deadline = time.monotonic() + 10
+    while second.aborted is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert second.aborted == "interrupted (SIGINT)"
+    second.close()
+    assert second._core.closed
+    assert len(watch_threads()) == before
+    third = bagpipe.Job(small_config())  # a fresh watch for the next job
+    assert len(watch_threads()) == before + 1
+    third.close()
+    assert len(watch_threads()) == before
+
+
+def test_an_exception_message_utf8_cannot_encode_still_aborts_the_job_at_once():
+    error = FileNotFoundError("cannot open 'data_\udcff.csv'")  # a surrogateescape'd filename
+
+    def loop(trainer):
+        for i, _ in enumerate(trainer):
+            if i == 1 and trainer.id == 1:
+                raise error
+            zero_step(trainer)
+            trainer.all_reduce_(torch.ones(2))
+
+    start = time.monotonic()
+    with pytest.raises(FileNotFoundError) as raised:
+        with bagpipe.Job(small_config(iterations=1000, trainers=2, peer_timeout=5)) as job:
+            job.run_trainers(loop)
+    assert raised.value is error and time.monotonic() - start < 4  # not the peer timeout
+    assert "data_\\udcff.csv" in job.aborted
+    with pytest.raises(ValueError, match="a lone"):
+        with bagpipe.Job(small_config()) as job:
+            raise ValueError("a lone \ud800")  # through __exit__
+    assert job.aborted == "ValueError: a lone \\ud800"
+
+
+def test_abort_messages_arrive_whole():
+    with bagpipe.Job(small_config()) as job:
+        job.abort("")
+        assert job.aborted == "aborted"  # was "": falsy, as if not aborted
+    with bagpipe.Job(small_config()) as job:
+        job.abort("bad\0data")
+        assert job.aborted == "bad\\0data"
+        with pytest.raises(bagpipe.JobError, match=r"^bad\\0data$"):
+            job.trainers[0].begin_iteration()  # a NUL would have cut the message to "bad"
+
+
+def test_strings_the_runtime_cannot_take_whole_name_the_option_or_argument(tmp_path):
+    for option in ("data", "schema", "device", "cache", "checkpoint_dir", "resume",
+                   "dense_optimizer"):
+        with pytest.raises(bagpipe.ConfigError, match=f"Config.{option}: .* cannot be encoded "
+                                                      "as UTF-8 .surrogates not allowed"):
+            bagpipe.Config(**{option: "runs/\udcff"})
+    with pytest.raises(bagpipe.ConfigError, match="Config.checkpoint_dir: .* NUL"):
+        bagpipe.parse_train_args(["--checkpoint-dir", "runs/a\0b"])  # set bypassing the checks
+    with pytest.raises(bagpipe.ConfigError, match="parse_train_args: argument 1: .* UTF-8"):
+        bagpipe.parse_train_args(["--data", "csv:\udcff.csv"])
+    with pytest.raises(ValueError, match="MetricsWriter: .* UTF-8"):
+        bagpipe.MetricsWriter(str(tmp_path / "m\udcff.jsonl"))
+    with pytest.raises(ValueError, match="MetricsWriter: the path is empty"):
+        bagpipe.MetricsWriter("")
+    with pytest.raises(TypeError, match="MetricsWriter: expected a str or a path, got int"):
+        bagpipe.MetricsWriter(3)
+    with bagpipe.Job(small_config(iterations=2)) as job:
+        job.run_trainers(finish_loop)
+        for argument in ("out", "summary_json", "dump_params"):
+            with pytest.raises(ValueError, match=f"finish: {argument}: .* UTF-8"):
+                job.finish(**{argument: str(tmp_path / "x\udcff")})
+        with pytest.raises(ValueError, match="finish: model: a string cannot be encoded"):
+            job.finish(model={"model": "\udcff"})
+        assert job.finish()["iterations"] == 2  # nothing was lost
+
+
+def test_complete_checks_the_figures_summary_json_reads():
+    with bagpipe.Job(small_config(iterations=2)) as job:
+        (trainer,) = job.trainers
+        for _ in trainer:
+            zero_step(trainer)
+        trainer.flush()
+        for info, error, message in [
+                ({"train_loss": "0.5"}, TypeError, r"info\['train_loss'\]: expected a number, "
+                                                   "got str"),
+                ({"iterations": 2.0}, TypeError, r"info\['iterations'\]: expected an int"),
+                ({"samples": True}, TypeError, r"info\['samples'\]: expected an int, got bool"),
+                ({"iterations": -1}, ValueError, r"info\['iterations'\]: -1 is out of range"),
+                ({"samples": 2**63}, ValueError, r"info\['samples'\]: .* is out of range"),
+                ({"seconds": -0.5}, ValueError, r"info\['seconds'\]: -0.5 is negative"),
+                ({"train_loss": 10**400}, ValueError, r"info\['train_loss'\]: an int of"),
+                ({"time_ms": [1]}, TypeError, r"info\['time_ms'\]: expected a dict, got list")]:
+            with pytest.raises(error, match="complete: " + message):
+                trainer.complete(info=info)
+        with pytest.raises(TypeError, match="complete: dense: item 1 is a int, not a tensor"):
+            trainer.complete(dense=[torch.zeros(2), 3])
+        trainer.complete(info={"train_loss": 0.25, "iterations": 2, "seconds": 1,
+                               "time_ms": {"step": 1.0}})
+        summary = job.finish()
+        assert (summary["train_loss"], summary["iterations"]) == (0.25, 2)
+
+
+def test_output_paths_that_cannot_be_written_are_refused_before_the_job_ends(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with bagpipe.Job(small_config(iterations=2)) as job:
+        job.run_trainers(finish_loop)
+        with pytest.raises(ValueError, match="finish: summary_json: .* is a directory"):
+            job.finish(summary_json=tmp_path)
+        with pytest.raises(ValueError, match="finish: summary_json: cannot create .* does not "
+                                             "exist"):
+            job.finish(summary_json=tmp_path / "missing" / "summary.json")
+        with pytest.raises(ValueError, match="finish: out: cannot create the directory .*"
+                                             "File exists"):
+            job.finish(out=tmp_path / "file")
+        with pytest.raises(ValueError, match="finish: out: the path is empty"):
+            job.finish(out="")
+        with pytest.raises(ValueError, match="finish: dump_params: cannot create"):
+            job.finish(dump_params=tmp_path / "file")
+        job.finish(summary_json=tmp_path / "summary.json")  # the job had not ended
+    assert (tmp_path / "summary.json").is_file()
+
+
+def test_arguments_of_the_wrong_kind_raise_type_or_value_error():
+    config = small_config()
+    with bagpipe.Job(config.copy()) as job:
+        for signum in (2.7, True, "2"):
+            with pytest.raises(TypeError, match="request_stop: signum must be a signal number"):
+                job.request_stop(signum)
+        for signum in (0, 2**31):
+            with pytest.raises(ValueError, match=f"request_stop: signum {signum} is no signal"):
+                job.request_stop(signum)
+        with pytest.raises(TypeError, match="EmbeddingBags: expected a bagpipe.Batch"):
+            bagpipe.EmbeddingBags(job.trainers[0])(None)
+        job.abort("test over")
+    with pytest.raises(TypeError, match="Job: schema must be a bagpipe.Schema, got dict"):
+        bagpipe.Job(config.copy(), data=[], schema={"table_rows": [5]})
+    with pytest.raises(TypeError, match="EmbeddingBags: trainer must be a bagpipe.Trainer"):
+        bagpipe.EmbeddingBags(None)
+    with pytest.raises(TypeError, match="initial_embedding_weights: schema must be a"):
+        bagpipe.initial_embedding_weights(config, None)
+    with pytest.raises(TypeError, match="initial_embedding_weights: config must be a"):
+        bagpipe.initial_embedding_weights(None, bagpipe.Schema([5]))
+
+
+def test_a_one_shot_iterator_read_twice_says_so():
+    schema = bagpipe.Schema(table_rows=[10], num_dense=1)
+
+    def batches(count):
+        for _ in range(count):
+            yield {"labels": np.ones(4, np.float32), "dense": np.zeros((4, 1), np.float32),
+                   "ids": [np.arange(4)]}
+
+    def config(**options):
+        return bagpipe.Config(batch_size=4, cache_rows=100, dim=4, optimizer="sgd",
+                              peer_timeout=30, **options)
+
+    with pytest.raises(bagpipe.ConfigError, match=r"one-shot iterator \(generator\) and "
+                                                  "config.epochs is 2: it cannot be read twice"):
+        bagpipe.Job(config(epochs=2), data=batches(3), schema=schema)
+    with bagpipe.Job(config(iterations=3), data=batches(3), schema=schema) as job:
+        assert job.description == "python iterable (generator)"
+        (trainer,) = job.trainers
+        finish_loop(trainer)  # exactly one pass: fine
+        assert job.finish()["iterations"] == 3
+    with bagpipe.Job(config(iterations=5), data=batches(3), schema=schema) as job:
+        with pytest.raises(bagpipe.JobError, match="one-shot iterator .* cannot be read twice"):
+            finish_loop(job.trainers[0])  # was "python iterable (generator) yields no samples"
+    with bagpipe.Job(config(epochs=2), data=list(batches(3)), schema=schema) as job:
+        finish_loop(job.trainers[0])  # a list is read again
+        assert job.finish()["iterations"] == 6
+
+
+def test_a_refused_flush_loses_no_iteration():
+    # flush() before the last iteration is a UsageError that changes nothing: the iteration it
+    # found is still the next one, and with two trainers their exchanges stay paired.
+    seen = {}
+
+    def train(trainer):
+        with pytest.raises(bagpipe.UsageError, match="iteration 0 was never run"):
+            trainer.flush()
+        iterations = []
+        for batch in trainer:
+            iterations.append(batch.iteration)
+            zero_step(trainer)
+        seen[trainer.id] = iterations
+        trainer.flush()
+        trainer.complete()
+
+    with bagpipe.Job(small_config(trainers=2, peer_timeout=10)) as job:
+        job.run_trainers(train)
+        summary = job.finish()
+    assert seen[0] == seen[1] == [0, 1, 2, 3]
+    assert summary["iterations"] == 4
+
+
+@pytest.mark.parametrize("arguments,error,expected", [
+    (dict(table_rows=[2**62, 2**62]), bagpipe.ConfigError, "more than 2\\^62 rows"),
+    (dict(table_rows=[10, 0]), bagpipe.ConfigError, "'table1' has 0 rows"),
+    (dict(table_rows=[]), bagpipe.ConfigError, "no tables"),
+    (dict(table_rows=[True]), TypeError, "table_rows\\[0\\] must be an int, got bool"),
+    (dict(table_rows=[10, 2.5]), TypeError, "table_rows\\[1\\] must be an int, got float"),
+    (dict(table_rows="10"), TypeError, "table_rows must be a list"),
+    (dict(table_rows=[2**64]), bagpipe.ConfigError, "table_rows\\[0\\] is out of the int64"),
+    (dict(table_rows=[10], num_dense=True), TypeError, "num_dense must be an int, got bool"),
+    (dict(table_rows=[10], num_dense=-1), bagpipe.ConfigError, "num_dense < 0"),
+])
+def test_schema_refuses_counts_the_runtime_cannot_index(arguments, error, expected):
+    with pytest.raises(error, match=f"Schema: .*{expected}"):
+        bagpipe.Schema(**arguments)
+    schema = bagpipe.Schema(table_rows=[np.int64(10), 2**40], num_dense=np.int32(2))
+    assert schema.table_rows == [10, 2**40] and schema.num_dense == 2
