@@ -27,9 +27,8 @@ absl::Status Schema::CheckRowCounts(int64_t min_rows) const {
   for (size_t t = 0; t < table_rows.size(); ++t) {
     const std::string name = t < table_names.size() ? Excerpt(table_names[t]) : absl::StrCat(t);
     if (table_rows[t] < min_rows) {
-      return absl::InvalidArgumentError(absl::StrCat("schema table '", name, "' has ",
-                                                     table_rows[t], " rows (at least ", min_rows,
-                                                     ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schema table '", name, "' has ", table_rows[t], " rows (at least ", min_rows, ")"));
     }
     const std::optional<int64_t> sum = CheckedAdd(total, table_rows[t]);
     if (!sum || *sum > kMaxTotalRows) {

@@ -26,7 +26,7 @@ struct JobShape {
   int dim = 16;
   int64_t cache_rows = 0;     // per trainer (0: no cache)
   bool host_trainers = true;  // the trainers' caches and buffers are in host memory (CPU backend)
-  LinkModel server_link;   // embedded only
+  LinkModel server_link;      // embedded only
   absl::Duration peer_timeout = absl::Seconds(120);
 };
 
@@ -45,9 +45,9 @@ int64_t EstimateTrainerBytes(const JobShape& shape);
 // InvalidArgument naming the flag, its value and the estimate when the job cannot run on a
 // machine with `memory_bytes` of memory (0: this machine's) or would never finish: the window
 // above half the memory; the trainers' caches and per-batch buffers in host memory (embedded:
-// all of them; else one trainer's) above half the memory; an embedded job with more role threads than it can use or memory can
-// hold; an emulated link whose latency, or transfer time for one iteration's rows, reaches half
-// the peer timeout (every receive would time out).
+// all of them; else one trainer's) above half the memory; an embedded job with more role
+// threads than it can use or memory can hold; an emulated link whose latency, or transfer time for
+// one iteration's rows, reaches half the peer timeout (every receive would time out).
 absl::Status CheckJobLimits(const JobShape& shape, int64_t memory_bytes = 0);
 
 }  // namespace bagpipe

@@ -219,8 +219,9 @@ py::tuple ParseTrainArgs(std::vector<std::string> args, const std::string& prog,
 // An integer argument of Schema (an int or a numpy integer; not a bool, a float or a string).
 int64_t SchemaInt(py::handle value, const std::string& what) {
   if (PyBool_Check(value.ptr()) || !PyIndex_Check(value.ptr())) {
-    throw py::type_error(absl::StrCat("Schema: ", what, " must be an int, got ",
-                                      py::str(py::type::of(value).attr("__name__")).cast<std::string>()));
+    throw py::type_error(
+        absl::StrCat("Schema: ", what, " must be an int, got ",
+                     py::str(py::type::of(value).attr("__name__")).cast<std::string>()));
   }
   const py::int_ number = py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr()));
   int overflow = 0;
