@@ -69,9 +69,40 @@ void RemoveStaleTemporaries(const std::string& dir, const std::string& name) {
   for (const std::string& file : stale) ::unlink((dir + "/" + file).c_str());
 }
 
+// What replacing `path` replaces: a symbolic link's target (the link stays a link); an error
+// when that exists and is no regular file (a directory, a device such as /dev/stdout's, a
+// FIFO), which a rename over it would replace by a file.
+absl::StatusOr<std::string> ReplacedPath(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::string target = path;
+  struct stat st;
+  for (int links = 0; ::lstat(target.c_str(), &st) == 0 && S_ISLNK(st.st_mode); ++links) {
+    std::error_code error;
+    const fs::path to = fs::read_symlink(target, error);
+    if (error || links == 40) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", path, "' is a symbolic link that cannot be followed"));
+    }
+    target = (to.is_absolute() ? to : fs::path(target).parent_path() / to).string();
+  }
+  if (::lstat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "not a regular file";
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", path, "'", target == path ? "" : absl::StrCat(" (a link to '", target, "')"), " is ",
+        kind, ": refusing to replace it with a file"));
+  }
+  return target;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Open(std::string path) {
+  ASSIGN_OR_RETURN(path, ReplacedPath(path));
   std::unique_ptr<AtomicFileWriter> w(new AtomicFileWriter());
   const std::filesystem::path p(path);
   w->path_ = std::move(path);

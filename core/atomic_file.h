@@ -52,7 +52,8 @@ struct FileDigest {
 class AtomicFileWriter {
  public:
   // Starts a new version of `path` (its directory must exist). Nothing at `path` changes before
-  // Commit.
+  // Commit. A symbolic link at `path` has its target replaced (it stays a link); a path that is,
+  // or links to, something other than a regular file (a directory, a device, a FIFO) is refused.
   static absl::StatusOr<std::unique_ptr<AtomicFileWriter>> Open(std::string path);
   // Discards the new contents unless Commit succeeded.
   ~AtomicFileWriter();

@@ -110,6 +110,35 @@ TEST(AtomicFileTest, MissingDirectoryIsAnError) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("no/such/dir/file"));
 }
 
+TEST(AtomicFileTest, ASymbolicLinkKeepsPointingAtTheReplacedTarget) {
+  TempDir dir;
+  WriteRaw(dir / "real.json", "old");
+  std::filesystem::create_symlink("real.json", dir / "summary.json");
+  ASSERT_TRUE(WriteFileAtomically(dir / "summary.json", "new").ok());
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "summary.json"));
+  EXPECT_EQ(ReadAll(dir / "real.json"), "new");
+  // A dangling link: its target is created.
+  std::filesystem::create_symlink("later.json", dir / "dangling.json");
+  ASSERT_TRUE(WriteFileAtomically(dir / "dangling.json", "made").ok());
+  EXPECT_EQ(ReadAll(dir / "later.json"), "made");
+}
+
+TEST(AtomicFileTest, WhatIsNoRegularFileIsRefusedNotReplaced) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo((dir / "pipe").c_str(), 0600), 0);
+  absl::Status status = WriteFileAtomically(dir / "pipe", "x");
+  EXPECT_THAT(std::string(status.message()), HasSubstr("is a FIFO: refusing to replace it"));
+  std::filesystem::create_directory(dir / "sub");
+  std::filesystem::create_symlink("sub", dir / "to_sub");
+  status = WriteFileAtomically(dir / "to_sub", "x");
+  EXPECT_THAT(std::string(status.message()), HasSubstr("(a link to '"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("is a directory"));
+  EXPECT_TRUE(std::filesystem::is_fifo(dir / "pipe"));
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "to_sub"));
+  status = WriteFileAtomically("/dev/null", "x");
+  EXPECT_THAT(std::string(status.message()), HasSubstr("is a character device"));
+}
+
 // Makes writes beyond `bytes` fail (EFBIG) while alive, as a full disk would.
 class FileSizeLimit {
  public:
