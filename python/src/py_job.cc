@@ -1,8 +1,10 @@
 #include "python/src/py_job.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -17,7 +19,12 @@ namespace py = pybind11;
 
 void RaiseError(const char* name, const std::string& message) {
   py::object type = py::module_::import("bagpipe.errors").attr(name);
-  PyErr_SetString(type.ptr(), message.c_str());
+  // Whole (a NUL does not end it) and whatever its bytes (a file name's invalid UTF-8 is
+  // escaped rather than raising UnicodeDecodeError in place of the error).
+  py::object text = py::reinterpret_steal<py::object>(PyUnicode_DecodeUTF8(
+      message.data(), static_cast<Py_ssize_t>(message.size()), "backslashreplace"));
+  if (!text) throw py::error_already_set();
+  PyErr_SetObject(type.ptr(), text.ptr());
   throw py::error_already_set();
 }
 
@@ -200,6 +207,12 @@ bool JobCore::closed() const {
   return closed_;
 }
 
+namespace {
+// The jobs whose trainer calls this thread is in, innermost last (a callback the runtime runs
+// inside a call, e.g. the loop's save, runs on the caller's thread).
+thread_local std::vector<const JobCore*> tls_calls;
+}  // namespace
+
 void JobCore::Enter(const char* what) {
   absl::MutexLock lock(&mu_);
   if (closed_ || finishing_) {
@@ -207,11 +220,14 @@ void JobCore::Enter(const char* what) {
                                           closed_ ? "closed" : "finished (Job.finish was called)"));
   }
   ++in_flight_;
+  tls_calls.push_back(this);
 }
 
 void JobCore::Leave() {
   absl::MutexLock lock(&mu_);
   --in_flight_;
+  auto it = std::find(tls_calls.rbegin(), tls_calls.rend(), this);
+  if (it != tls_calls.rend()) tls_calls.erase(std::next(it).base());
 }
 
 py::object JobCore::Finish(const std::string& summary_json, const std::string& dump_params,
@@ -285,6 +301,20 @@ void JobCore::RequestStop(int signal) {
 }
 
 void JobCore::Close() {
+  // From inside one of this job's calls (a callback such as the loop's save) or on a runtime
+  // thread (reading the data iterable), closing would wait for that call or join that thread:
+  // the job is aborted instead, so that every call returns, and the caller is told to close it
+  // from its own thread.
+  const bool in_call = std::find(tls_calls.begin(), tls_calls.end(), this) != tls_calls.end();
+  if (in_call || python::ReadingPythonData()) {
+    const std::string where = in_call ? "inside one of the job's calls (a callback it runs)"
+                                      : "on the job's own thread (reading the data iterable)";
+    Abort(absl::StrCat("Job.close was called ", where));
+    RaiseError("UsageError",
+               absl::StrCat("close: called ", where,
+                            "; the job is aborted: close it from the thread that created it (a "
+                            "`with` block does)"));
+  }
   std::unique_ptr<Job> job;
   {
     // Joining may wait for the oracle's thread, which takes the GIL to read an iterable.
@@ -509,6 +539,10 @@ void PyTrainer::Flush() {
 void PyTrainer::Complete(py::object dense, py::object predictions, py::object labels,
                          const std::string& info_json) {
   TrainerCall call(*this, busy_, *core_, "complete");
+  if (has_batch_) {
+    RaiseError("UsageError",
+               "complete: inside an iteration (end it with end_iteration, then flush, first)");
+  }
   using F = py::array_t<float, py::array::c_style | py::array::forcecast>;
   TrainerOutcome outcome;
   auto take = [](const py::object& array, std::vector<float>* out) {
@@ -554,8 +588,9 @@ void PyTrainer::SetLoopState(py::object save, py::object restore) {
       body();
       return absl::OkStatus();
     } catch (py::error_already_set& error) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the loop's ", what, " raised ", error.what()));
+      // Not FailedPrecondition (a usage error that leaves the job going): the checkpoint or
+      // the resume is half done everywhere, so the job fails with this message at once.
+      return absl::AbortedError(absl::StrCat("the loop's ", what, " raised ", error.what()));
     }
   };
   // The runtime copies and destroys its LoopState without the GIL: the callables are held

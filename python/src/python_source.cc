@@ -1,5 +1,6 @@
 #include "python/src/python_source.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,17 @@ namespace py = pybind11;
 namespace {
 
 bool InterpreterAlive() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
+
+thread_local int tls_reading = 0;
+
+// Marks the thread as reading a Python iterable for its life.
+class Reading {
+ public:
+  Reading() { ++tls_reading; }
+  ~Reading() { --tls_reading; }
+  Reading(const Reading&) = delete;
+  Reading& operator=(const Reading&) = delete;
+};
 
 class PythonSource final : public SampleSource {
  public:
@@ -58,6 +70,7 @@ class PythonSource final : public SampleSource {
   absl::Status Rewind() override {
     if (!InterpreterAlive()) return absl::CancelledError("the Python interpreter is exiting");
     py::gil_scoped_acquire gil;
+    Reading reading;  // finalising a generator runs its code
     iterator_ = py::object();
     pending_ = Batch();
     next_ = 0;
@@ -76,6 +89,7 @@ class PythonSource final : public SampleSource {
   absl::StatusOr<bool> Pull() {
     if (!InterpreterAlive()) return absl::CancelledError("the Python interpreter is exiting");
     py::gil_scoped_acquire gil;
+    Reading reading;
     try {
       if (!iterator_) iterator_ = py::iter(iterable_);
       PyObject* item = PyIter_Next(iterator_.ptr());
@@ -131,6 +145,20 @@ class PythonSource final : public SampleSource {
       return bad(absl::StrCat("the offsets end at ", o[tables * n], " but there are ", ids.size(),
                               " ids"));
     }
+    // Labels are probabilities (the loss is binary cross-entropy) and features finite, as the
+    // file readers require: a NaN would reach every trainer's gradients.
+    for (int64_t i = 0; i < n; ++i) {
+      const float label = labels.data()[i];
+      if (!(label >= 0.0f && label <= 1.0f)) {
+        return bad(absl::StrCat("sample ", i, ": label ", label, " is not in [0, 1]"));
+      }
+    }
+    for (int64_t i = 0; i < dense.size(); ++i) {
+      if (!std::isfinite(dense.data()[i])) {
+        return bad(absl::StrCat("sample ", i / num_dense, ": dense feature ", i % num_dense, " is ",
+                                dense.data()[i]));
+      }
+    }
     pending_.Reset(num_dense, tables);
     pending_.num_samples = static_cast<int32_t>(n);
     pending_.labels.assign(labels.data(), labels.data() + n);
@@ -153,6 +181,8 @@ class PythonSource final : public SampleSource {
 };
 
 }  // namespace
+
+bool ReadingPythonData() { return tls_reading > 0; }
 
 std::unique_ptr<SampleSource> MakePythonSource(py::object iterable, py::object normalize,
                                                Schema schema) {

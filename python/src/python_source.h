@@ -22,6 +22,10 @@ namespace bagpipe::python {
 std::unique_ptr<SampleSource> MakePythonSource(pybind11::object iterable,
                                                pybind11::object normalize, Schema schema);
 
+// True on a runtime thread while it reads a Python iterable (the oracle's, reading data): a
+// Job closed from there would join the very thread it runs on.
+bool ReadingPythonData();
+
 }  // namespace bagpipe::python
 
 #endif  // BAGPIPE_PYTHON_SRC_PYTHON_SOURCE_H_

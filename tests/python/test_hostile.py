@@ -596,3 +596,122 @@ def test_schema_refuses_counts_the_runtime_cannot_index(arguments, error, expect
         bagpipe.Schema(**arguments)
     schema = bagpipe.Schema(table_rows=[np.int64(10), 2**40], num_dense=np.int32(2))
     assert schema.table_rows == [10, 2**40] and schema.num_dense == 2
+
+
+def test_close_from_a_callback_of_the_job_aborts_it_instead_of_waiting_for_itself(tmp_path):
+    # save() runs inside begin_iteration on the loop's thread: close() there would wait for
+    # that very call to return.
+    config = small_config(iterations=6, peer_timeout=20, checkpoint_dir=str(tmp_path),
+                          checkpoint_every=2)
+    job = bagpipe.Job(config)
+    (trainer,) = job.trainers
+    raised = []
+
+    def save():
+        try:
+            job.close()
+        except bagpipe.UsageError as error:
+            raised.append(str(error))
+            raise
+        return b"state"
+
+    trainer.set_loop_state(save, lambda data: None)
+    start = time.monotonic()
+    with pytest.raises(bagpipe.JobError, match="close was called inside one of the job's calls"):
+        for _ in trainer:
+            zero_step(trainer)
+    assert time.monotonic() - start < 15  # at once, not at the peer timeout
+    assert raised and "close it from the thread that created it" in raised[0]
+    job.close()  # from the right thread
+    assert job.aborted
+
+
+def test_close_from_the_data_iterable_aborts_the_job_without_killing_the_process():
+    code = """if True:
+        import numpy as np, torch, bagpipe
+        schema = bagpipe.Schema(table_rows=[10, 20], num_dense=2)
+        holder = {}
+        def batches():
+            rng = np.random.default_rng(0)
+            for i in range(100):
+                if i == 3:
+                    try:
+                        holder["job"].close()
+                    except bagpipe.UsageError as error:
+                        holder["close"] = str(error)
+                yield {"dense": rng.standard_normal((32, 2)).astype(np.float32),
+                       "labels": np.ones(32, np.float32),
+                       "ids": [rng.integers(0, r, 32) for r in schema.table_rows]}
+        config = bagpipe.Config(batch_size=32, cache_rows=100, dim=4, optimizer="sgd",
+                                peer_timeout=20, lookahead=2)
+        job = bagpipe.Job(config, data=batches(), schema=schema)
+        holder["job"] = job
+        (trainer,) = job.trainers
+        try:
+            for batch in trainer:
+                trainer.end_iteration(torch.zeros_like(trainer.lookup_pooled()))
+        except bagpipe.Error as error:
+            print(type(error).__name__, error, flush=True)
+        job.close()
+        print("close:", holder.get("close"))
+        print("survived", flush=True)
+    """
+    result = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "close: close: called on the job's own thread" in result.stdout
+    assert "JobError" in result.stdout and "survived" in result.stdout
+
+
+def test_an_exception_in_save_fails_the_job_at_once(tmp_path):
+    config = small_config(iterations=6, peer_timeout=20, checkpoint_dir=str(tmp_path),
+                          checkpoint_every=2)
+    with bagpipe.Job(config) as job:
+        (trainer,) = job.trainers
+
+        def save():
+            raise KeyError("transient")
+
+        trainer.set_loop_state(save, lambda data: None)
+        start = time.monotonic()
+        with pytest.raises(bagpipe.JobError, match="the loop's save raised KeyError"):
+            for _ in trainer:
+                zero_step(trainer)
+        assert time.monotonic() - start < 15
+        assert job.aborted and "KeyError" in job.aborted
+
+
+def test_complete_inside_an_iteration_is_a_usage_error_that_changes_nothing():
+    with bagpipe.Job(small_config()) as job:
+        (trainer,) = job.trainers
+        trainer.begin_iteration()
+        with pytest.raises(bagpipe.UsageError, match="complete: inside an iteration"):
+            trainer.complete()
+        assert not job.aborted
+        zero_step(trainer)
+        finish_loop(trainer)
+        assert job.finish()["iterations"] == 4
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("labels", float("nan"), "sample 5: label nan is not in \\[0, 1\\]"),
+    ("labels", 7.0, "sample 5: label 7 is not in \\[0, 1\\]"),
+    ("labels", -3.0, "sample 5: label -3 is not in \\[0, 1\\]"),
+    ("dense", float("inf"), "sample 5: dense feature 1 is inf"),
+    ("dense", 1e300, "sample 5: dense feature 1 is inf"),  # float64 overflowing float32
+])
+def test_non_finite_or_out_of_range_values_from_an_iterable_are_refused(field, value, expected):
+    schema = bagpipe.Schema(table_rows=[10, 20], num_dense=2)
+    rng = np.random.default_rng(0)
+    item = {"dense": rng.standard_normal((32, 2)), "labels": np.ones(32),
+            "ids": [rng.integers(0, r, 32) for r in schema.table_rows]}
+    if field == "labels":
+        item["labels"][5] = value
+    else:
+        item["dense"][5, 1] = value
+    config = bagpipe.Config(batch_size=32, cache_rows=100, dim=4, optimizer="sgd",
+                            peer_timeout=20, lookahead=2)
+    with bagpipe.Job(config, data=[item], schema=schema) as job:
+        (trainer,) = job.trainers
+        with pytest.raises(bagpipe.JobError, match=f"batch 0 of the .*{expected}"):
+            trainer.begin_iteration()
