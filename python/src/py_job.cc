@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -490,7 +491,13 @@ void PyTrainer::EndIteration(py::handle pooled_grad) {
     // lookup of every trainer reads it: refuse it before the runtime sees it (the iteration stays
     // open). Host memory only: on CUDA the check would cost a host synchronisation.
     const float* grad = static_cast<const float*>(view.data);
+    float largest = 0.0f;
+    int64_t at = 0;
     for (int64_t i = 0; i < view.elements; ++i) {
+      if (std::fabs(grad[i]) > largest) {
+        largest = std::fabs(grad[i]);
+        at = i;
+      }
       if (!std::isfinite(grad[i])) {
         const int64_t per_sample = static_cast<int64_t>(batch_.num_tables) * dim;
         throw py::value_error(absl::StrCat(
@@ -499,6 +506,21 @@ void PyTrainer::EndIteration(py::handle pooled_grad) {
             ": a non-finite gradient would corrupt the embedding rows (nothing was applied; the "
             "iteration is still open)"));
       }
+    }
+    // A finite gradient still overflows float32 when a row sums it over the global batch (or,
+    // under Adagrad, squares that sum): refused while it could.
+    const OptimizerKind kind = core_->options().trainer.sparse_optimizer.kind;
+    const double bound = kind == OptimizerKind::kSgd ? std::numeric_limits<float>::max()
+                                                     : std::sqrt(std::numeric_limits<float>::max());
+    const double samples = static_cast<double>(std::max<int64_t>(1, batch_.global_batch_size));
+    if (static_cast<double>(largest) * samples >= bound) {
+      const int64_t per_sample = static_cast<int64_t>(batch_.num_tables) * dim;
+      throw py::value_error(absl::StrCat(
+          "pooled_grad: element (", at / per_sample, ", ", (at / dim) % batch_.num_tables, ", ",
+          at % dim, ") is ", grad[at], ": summed over the ", batch_.global_batch_size,
+          " samples of the batch", kind == OptimizerKind::kSgd ? "" : " and squared (Adagrad)",
+          ", a row's gradient could overflow float32 (nothing was applied; the iteration is "
+          "still open)"));
     }
   }
   absl::Status status;

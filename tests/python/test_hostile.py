@@ -138,6 +138,26 @@ def test_a_non_finite_gradient_is_refused_before_it_reaches_the_rows(bad):
         job.abort("test over")
 
 
+@pytest.mark.parametrize("optimizer,value", [("sgd", 3e38), ("sgd", 3e36), ("adagrad", 1e18)])
+def test_a_gradient_whose_row_sum_could_overflow_is_refused(optimizer, value):
+    # Finite, but summed over the batch's 128 samples (and squared by Adagrad) it overflows.
+    with bagpipe.Job(small_config(iterations=2, optimizer=optimizer)) as job:
+        (trainer,) = job.trainers
+        trainer.begin_iteration()
+        pooled = trainer.lookup_pooled()
+        grad = torch.zeros_like(pooled)
+        grad[3, 1, 2] = -value
+        with pytest.raises(ValueError, match=r"pooled_grad: element \(3, 1, 2\) is -.*over the "
+                                             r"128 samples.*could overflow float32"):
+            trainer.end_iteration(grad)
+        grad[3, 1, 2] = 1e6  # large, but no overflow
+        trainer.end_iteration(grad)
+        trainer.begin_iteration()
+        assert torch.isfinite(trainer.lookup_pooled()).all()
+        zero_step(trainer)
+        job.abort("test over")
+
+
 def test_tensors_dlpack_cannot_share_raise_type_error():
     with bagpipe.Job(small_config(iterations=2)) as job:
         (trainer,) = job.trainers
@@ -700,6 +720,7 @@ def test_complete_inside_an_iteration_is_a_usage_error_that_changes_nothing():
     ("dense", float("inf"), "sample 5: dense feature 1 is inf"),
     ("dense", 1e300, "sample 5: dense feature 1 is inf"),  # float64 overflowing float32
 ])
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 def test_non_finite_or_out_of_range_values_from_an_iterable_are_refused(field, value, expected):
     schema = bagpipe.Schema(table_rows=[10, 20], num_dense=2)
     rng = np.random.default_rng(0)
