@@ -412,8 +412,9 @@ class Trainer:
         """Ends the iteration with d(loss)/d(pooled): a contiguous float32 tensor [n, tables,
         dim] on the trainer's device. Reduces it to row gradients, exchanges those of shared rows
         with the other trainers and applies the embedding optimizer. On the CPU a NaN or
-        infinite element raises ValueError before anything is applied (the iteration stays
-        open); a CUDA gradient is not checked (that would cost a host synchronisation)."""
+        infinite element, or one so large that a row's sum over the batch could overflow
+        float32, raises ValueError before anything is applied (the iteration stays open); a
+        CUDA gradient is not checked (that would cost a host synchronisation)."""
         if isinstance(pooled_grad, torch.Tensor):
             pooled_grad = pooled_grad.detach()
         self._end_pending()
