@@ -88,12 +88,14 @@ absl::StatusOr<Run> LoadRun(const std::string& path) {
       run.metrics.push_back(point);
     }
   }
-  if (run.summary.contains("params")) {
+  // The run directory's own params.bin first: summary.json records the path as the run gave it
+  // (relative to where it ran), which names another file once the directory is copied or moved.
+  if (fs::exists(dir / "params.bin", error)) {
+    run.params = (dir / "params.bin").string();
+  } else if (run.summary.contains("params")) {
     absl::StatusOr<std::string> params = JsonString(run.summary, "params");
     if (!params.ok()) return Annotate(params.status(), summary_path.string());
     run.params = *params;
-  } else if (fs::exists(dir / "params.bin", error)) {
-    run.params = (dir / "params.bin").string();
   }
   return run;
 }

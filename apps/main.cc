@@ -1,9 +1,12 @@
 // bagpipe: one binary for every role and tool. See README.md ("The main job").
 #include <cstdio>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "apps/command.h"
 #include "core/device.h"
 #include "core/logging.h"
@@ -42,7 +45,18 @@ int main(int argc, char** argv) {
   bagpipe::SetLogLevel(level);
   for (const bagpipe::Subcommand& command : commands) {
     if (!command.app->parsed()) continue;
-    const absl::Status status = command.run();
+    absl::Status status;
+    try {
+      status = command.run();
+    } catch (const std::bad_alloc&) {
+      // An allocation the up-front estimates did not foresee (e.g. under a memory limit).
+      status = absl::ResourceExhaustedError(
+          "out of memory (lower the sizes: --cache-rows, --lookahead, --batch-size, --dim)");
+    } catch (const std::length_error& e) {
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("a size too large to allocate (", e.what(),
+                       "): lower --cache-rows, --lookahead, --batch-size or --dim"));
+    }
     if (absl::IsCancelled(status)) {
       // A job stopped on request (SIGINT/SIGTERM) that can be resumed: one line says how.
       std::fprintf(stderr, "bagpipe %s: %s\n", command.app->get_name().c_str(),

@@ -1,5 +1,6 @@
 // bagpipe sim: miss counts and miss-ratio curves of a dataset under every cache policy.
 #include <cstdio>
+#include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,7 @@
 #include "apps/command.h"
 #include "core/status.h"
 #include "oracle/simulator.h"
+#include "trainer_hooks/job_limits.h"
 
 namespace bagpipe {
 namespace {
@@ -79,7 +81,21 @@ Subcommand AddSimCommand(CLI::App& root) {
         for (absl::string_view p : absl::StrSplit(flags->policies, ',', absl::SkipWhitespace())) {
           options.policies.emplace_back(p);
         }
+        for (int64_t capacity : options.capacities) {
+          if (capacity > std::numeric_limits<int32_t>::max()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "--cache-rows ", capacity, ": at most 2^31 - 1 rows (as bagpipe train)"));
+          }
+        }
         ASSIGN_OR_RETURN(auto opened, OpenFromFlags(flags->data));
+        // The oracle's and ttl's window grows with --lookahead whatever the data (as in train).
+        JobShape shape;
+        shape.lookahead = flags->lookahead;
+        shape.batch_size = flags->batch_size;
+        shape.num_tables = opened->schema().num_tables();
+        shape.num_dense = opened->schema().num_dense();
+        shape.host_trainers = false;  // no trainers here
+        RETURN_IF_ERROR(CheckJobLimits(shape));
         auto source = WithProgress(std::move(opened), flags->data, "simulating");
         BatchStream stream(std::move(source), {flags->batch_size, 1, false});
         ASSIGN_OR_RETURN(const SimResult result, Simulate(stream, options));

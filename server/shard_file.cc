@@ -11,6 +11,7 @@
 #include "core/json_fields.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
+#include "sync/protocol.h"
 
 namespace bagpipe {
 namespace {
@@ -113,6 +114,12 @@ absl::Status LoadShard(const std::string& path, const ShardIdentity& identity,
     RowId row;
     std::memcpy(&row, at, sizeof(row));
     std::memcpy(record.data(), at + sizeof(row), rf * sizeof(float));
+    // Rows are hashed to servers: a row of another server's (a shard from a different layout,
+    // or forged) would never be served or written back here.
+    if (ServerOfRow(row, identity.servers) != identity.server) {
+      return damaged(absl::StrFormat("row %d belongs to server %d, not %d", row,
+                                     ServerOfRow(row, identity.servers), identity.server));
+    }
     if (!store->Insert(row, record.data())) {
       return damaged(absl::StrFormat("row %d appears twice", row));
     }

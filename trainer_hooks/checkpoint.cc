@@ -164,6 +164,10 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& checkpoint) {
   ASSIGN_OR_RETURN(m.stream.samples, integer(s, "samples", 0, kMax));
   ASSIGN_OR_RETURN(m.stream.epoch, integer(s, "epoch", 0, std::numeric_limits<int>::max()));
   ASSIGN_OR_RETURN(m.stream.last_batch_crc32c, integer(s, "last_batch_crc32c", 0, kMaxU32));
+  if (m.stream.batches > m.stream.samples) {
+    return bad(absl::StrFormat("\"stream\" counts %d batches of %d samples in all",
+                               m.stream.batches, m.stream.samples));
+  }
   if (j.contains("every")) {
     ASSIGN_OR_RETURN(m.every, integer(j, "every", 0, kMax));
   }
@@ -369,7 +373,10 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(BatchS
     // Meanwhile, the stream is read up to the checkpoint (dictionaries rebuild the same ids).
     Batch batch;
     StreamPosition position;
-    while (position.batches < manifest.stream.batches) {
+    // Bounded by the samples and epoch too: a stream of several epochs has no end, and a
+    // manifest naming more batches than its samples allow would be read forever.
+    while (position.batches < manifest.stream.batches &&
+           position.samples < manifest.stream.samples && train.epoch() <= manifest.stream.epoch) {
       ASSIGN_OR_RETURN(const bool got, train.Next(&batch));
       if (!got) break;
       ++position.batches;

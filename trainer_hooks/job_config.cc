@@ -71,6 +71,7 @@ OptimizerConfig JobConfig::DenseOptimizer() const {
 
 // More iterations prefetched ahead gain nothing; each holds buffers for a batch's rows.
 constexpr int kMaxPrefetchDepth = 1 << 16;
+constexpr int kMaxDim = 1 << 20;
 
 absl::Status JobConfig::Validate() const {
   if (batch_size < 1) return Invalid("--batch-size ", batch_size, ": must be >= 1");
@@ -122,7 +123,9 @@ absl::Status JobConfig::Validate() const {
                    " has no effect with --cache device (whole tables, nothing is planned): "
                    "leave it at 1");
   }
-  if (dim < 1) return Invalid("--dim ", dim, ": must be >= 1");
+  // Up to 2^20 floats a row (a record with optimizer state is then 8 MiB): far above any
+  // model's, and sizes computed from it stay far from overflowing.
+  if (dim < 1 || dim > kMaxDim) return Invalid("--dim ", dim, ": must be in [1, 2^20]");
   if (checkpoint_every < 0) {
     return Invalid("--checkpoint-every ", checkpoint_every, ": must be >= 0");
   }
@@ -312,7 +315,9 @@ absl::Status ValidateJobOptions(const JobOptions& options) {
                      " (TrainerOptions::cache_rows, --cache-rows): they must be the same");
     }
   }
-  if (trainer.dim < 1) return Invalid("--dim ", trainer.dim, ": must be >= 1");
+  if (trainer.dim < 1 || trainer.dim > kMaxDim) {
+    return Invalid("--dim ", trainer.dim, ": must be in [1, 2^20]");
+  }
   RETURN_IF_ERROR(ValidateOptimizerConfig(trainer.sparse_optimizer, "--optimizer"));
   const RowInitializer& init = trainer.initializer;
   const OptimizerConfig& optimizer = trainer.sparse_optimizer;

@@ -209,9 +209,17 @@ expect_error diverged "training diverged: the loss .* is .*nan" train --data "$S
   --batch-size 256 --iterations 5 --quiet
 expect_error convert_no_dir "cannot .*no/such/x.bin" convert --data "$CRITEO" --out "$WORK/no/such/x.bin" \
   --quiet
-# A damaged params.bin: shorter than its header says, then one flipped body byte.
+# Sizes no machine holds: refused up front with the figure, not ended by std::bad_alloc.
+expect_error sim_huge_lookahead "--lookahead 2147483647: the oracle's window would take" sim \
+  --data "$SYN" --batch-size 16 --cache-rows 100 --lookahead 2147483647 --policies oracle --quiet
+expect_error sim_huge_cache "--cache-rows 9223372036854775807: at most 2\\^31 - 1 rows" sim \
+  --data "$SYN" --batch-size 16 --cache-rows 9223372036854775807 --quiet
+expect_error dim_too_large "--dim 2147483647: must be in \\[1, 2\\^20\\]" train --data "$SYN" \
+  --dim 2147483647 --quiet
+# A damaged params.bin: shorter than its header says, then one flipped body byte. The run's own
+# params.bin is compared, whatever path its summary.json recorded (left pointing at the original
+# here).
 cp -r "$WORK/off" "$WORK/damaged"
-sed -i "s|$WORK/off/params.bin|$WORK/damaged/params.bin|" "$WORK/damaged/summary.json"
 size=$(stat -c %s "$WORK/damaged/params.bin")
 truncate -s $((size - 4)) "$WORK/damaged/params.bin"
 expect_error compare_truncated_params "params.bin' is truncated for its header" compare \

@@ -73,6 +73,13 @@ TEST(CheckpointHostileTest, ManifestFieldsAreTyped) {
       HasSubstr(where + "\"crc32c\" is 4294967296, outside [0, 4294967295]"));
   EXPECT_THAT(ManifestError(dir, "{\"iteration\": 5, " + stream + ", " + files + "}"),
               HasSubstr(where + "missing field \"identity\""));
+  // More batches than samples: resuming would read a stream of several epochs for ever.
+  EXPECT_THAT(
+      ManifestError(dir, "{\"iteration\": 5, " + identity +
+                             R"(, "stream": {"batches": 1000000000000000000, "samples": 512, )"
+                             R"("epoch": 0, "last_batch_crc32c": 3}, )" +
+                             files + "}"),
+      HasSubstr(where + "\"stream\" counts 1000000000000000000 batches of 512 samples in all"));
   fs::remove_all(dir);
 }
 

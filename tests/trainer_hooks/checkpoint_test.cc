@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/shard_file.h"
+#include "sync/protocol.h"
 #include "trainer_hooks/job.h"
 #include "trainer_hooks/param_dump.h"
 
@@ -157,16 +158,30 @@ TEST(CheckpointFilesTest, ShardRoundTripAndRefusals) {
   TempDir dir;
   const RowInitializer init(3, 4, 4, 0.1f, {100, 50});
   RowStore store(init);
-  for (RowId row : {3, 7, 120, 149}) store.GetOrCreate(row)[0] = static_cast<float>(row);
+  // Server 1 of 2 stores the rows hashed to it.
+  std::vector<RowId> rows;
+  for (RowId row = 0; row < 150; ++row) {
+    if (ServerOfRow(row, 2) == 1) rows.push_back(row);
+  }
+  ASSERT_GT(rows.size(), 20u);
+  for (RowId row : rows) store.GetOrCreate(row)[0] = static_cast<float>(row);
   auto digest = WriteShard(dir / "s", store, {1, 2, 30});
   ASSERT_TRUE(digest.ok()) << digest.status();
   RowStore loaded(init);
   ASSERT_TRUE(LoadShard(dir / "s", {1, 2, 30}, &*digest, &loaded).ok());
-  EXPECT_EQ(loaded.size(), 4);
-  for (RowId row : {3, 7, 120, 149}) {
+  EXPECT_EQ(loaded.size(), static_cast<int64_t>(rows.size()));
+  for (RowId row : rows) {
     ASSERT_NE(loaded.Find(row), nullptr);
     EXPECT_EQ(std::memcmp(loaded.Find(row), store.Find(row), 8 * sizeof(float)), 0);
   }
+  // A row of server 0's in server 1's shard (a forged or mislabelled file; its checksum holds).
+  RowId foreign = 0;
+  while (ServerOfRow(foreign, 2) != 0) ++foreign;
+  store.GetOrCreate(foreign);
+  ASSERT_TRUE(WriteShard(dir / "f", store, {1, 2, 30}).ok());
+  RowStore refused(init);
+  EXPECT_THAT(std::string(LoadShard(dir / "f", {1, 2, 30}, nullptr, &refused).message()),
+              HasSubstr(absl::StrCat("row ", foreign, " belongs to server 0, not 1")));
   RowStore other(init);
   EXPECT_THAT(std::string(LoadShard(dir / "s", {0, 2, 30}, nullptr, &other).message()),
               HasSubstr("has server 1, this job expects 0"));
