@@ -31,10 +31,14 @@ def small_config(**options):
     return bagpipe.Config(**settings)
 
 
-def finish_loop(trainer):
+def run_and_flush(trainer):
     for _ in trainer:
         zero_step(trainer)
     trainer.flush()
+
+
+def finish_loop(trainer):
+    run_and_flush(trainer)
     trainer.complete()
 
 
@@ -240,9 +244,7 @@ def test_run_trainers_twice_and_bad_paths_leave_the_job_usable():
 def test_complete_with_info_that_is_no_json_names_it():
     with bagpipe.Job(small_config(iterations=2)) as job:
         (trainer,) = job.trainers
-        for _ in trainer:
-            zero_step(trainer)
-        trainer.flush()
+        run_and_flush(trainer)
         with pytest.raises(ValueError, match="complete: info: Out of range float"):
             trainer.complete(info={"train_loss": math.nan})
         with pytest.raises(TypeError, match="complete: info: .*not JSON serializable"):
@@ -484,9 +486,7 @@ def test_strings_the_runtime_cannot_take_whole_name_the_option_or_argument(tmp_p
 def test_complete_checks_the_figures_summary_json_reads():
     with bagpipe.Job(small_config(iterations=2)) as job:
         (trainer,) = job.trainers
-        for _ in trainer:
-            zero_step(trainer)
-        trainer.flush()
+        run_and_flush(trainer)
         for info, error, message in [
                 ({"train_loss": "0.5"}, TypeError, r"info\['train_loss'\]: expected a number, "
                                                    "got str"),
