@@ -648,13 +648,15 @@ def test_close_from_a_callback_of_the_job_aborts_it_instead_of_waiting_for_itsel
 
 def test_close_from_the_data_iterable_aborts_the_job_without_killing_the_process():
     code = """if True:
-        import numpy as np, torch, bagpipe
+        import threading, numpy as np, torch, bagpipe
         schema = bagpipe.Schema(table_rows=[10, 20], num_dense=2)
         holder = {}
+        handed_over = threading.Event()  # the oracle reads ahead while Job() returns
         def batches():
             rng = np.random.default_rng(0)
             for i in range(100):
                 if i == 3:
+                    handed_over.wait(30)
                     try:
                         holder["job"].close()
                     except bagpipe.UsageError as error:
@@ -666,6 +668,7 @@ def test_close_from_the_data_iterable_aborts_the_job_without_killing_the_process
                                 peer_timeout=20, lookahead=2)
         job = bagpipe.Job(config, data=batches(), schema=schema)
         holder["job"] = job
+        handed_over.set()
         (trainer,) = job.trainers
         try:
             for batch in trainer:
