@@ -436,9 +436,9 @@ def test_an_exception_message_utf8_cannot_encode_still_aborts_the_job_at_once():
 
     start = time.monotonic()
     with pytest.raises(FileNotFoundError) as raised:
-        with bagpipe.Job(small_config(iterations=1000, trainers=2, peer_timeout=5)) as job:
+        with bagpipe.Job(small_config(iterations=1000, trainers=2, peer_timeout=60)) as job:
             job.run_trainers(loop)
-    assert raised.value is error and time.monotonic() - start < 4  # not the peer timeout
+    assert raised.value is error and time.monotonic() - start < 30  # not the peer timeout
     assert "data_\\udcff.csv" in job.aborted
     with pytest.raises(ValueError, match="a lone"):
         with bagpipe.Job(small_config()) as job:
