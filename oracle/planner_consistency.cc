@@ -97,10 +97,10 @@ void Planner::Impl::Expire(int table, Iteration i) {
     }
     const oracle_internal::Expiry& e = *it;
     const GlobalRow& g = gt.rows[e.handle];
-    // The record may have been freed (and reused) since; it is forgotten only if it is still
-    // this row's, nobody holds it and its stamp is older than the horizon.
-    if (g.id == e.id && g.holders == 0 && !g.dirty && g.write_back < limit) {
-      gt.index.Erase(g.id);
+    // The record may have been freed (and reused) since; it is forgotten only if nobody holds
+    // it, its stamp is older than the horizon and it is still this row's.
+    if (g.holders == 0 && !g.dirty && g.write_back < limit && gt.index.Find(e.id) == e.handle) {
+      gt.index.Erase(e.id);
       gt.rows.Free(e.handle);
     }
   }
@@ -181,10 +181,7 @@ void Planner::Impl::Merge(int table, Iteration i) {
     if (k + kAhead < count) gt.index.Prefetch(ids[unresolved[k + kAhead]]);
     const int32_t q = unresolved[k];
     uint32_t& handle = gt.index.FindOrInsert(ids[q]);
-    if (handle == kNoHandle) {
-      handle = gt.rows.Allocate();
-      gt.rows[handle].id = ids[q];
-    }
+    if (handle == kNoHandle) handle = gt.rows.Allocate();
     handles[q] = handle;
   }
   const size_t need = gt.rows.capacity() * trainers;
@@ -205,30 +202,34 @@ void Planner::Impl::Consistency(int table, Iteration i) {
   // i - 1, which no row has at i = 0; iteration i - 1 is not released yet (emit lag >= 1).
   uint8_t* const now_prev = i > 0 ? window(i - 1).now[static_cast<size_t>(table)].data() : nullptr;
 
-  // a. Evictions. The lowest-id trainer evicting a row at this boundary decides for all.
+  // a. Evictions. Every evicting trainer leaves the row's holders (a row nobody holds any more
+  // waits for its stamp to expire); then the lowest-id trainer evicting a row that nobody holds
+  // writes it back if it is dirty.
+  const RowId base = table_offsets_[table];
   for (int t = 0; t < trainers_; ++t) {
     const std::vector<oracle_internal::Victim>& victims = wb.trainers[t].tables[table].victims;
+    const Extraction* const extract = wb.trainers[t].plan.extract.data();
     for (size_t v = 0; v < victims.size(); ++v) {
       if (v + kAhead < victims.size()) __builtin_prefetch(&gt.rows[victims[v + kAhead].global], 1);
-      gt.rows[victims[v].global].evicting |= Bit(t);
+      GlobalRow& g = gt.rows[victims[v].global];
+      g.holders &= ~Bit(t);
+      if (g.holders == 0) {
+        const int64_t id = static_cast<int64_t>(extract[victims[v].extract].row - base);
+        gt.expiry.push_back({i, victims[v].global, id});
+      }
     }
   }
   for (int t = 0; t < trainers_; ++t) {
     TrainerPlan& plan = wb.trainers[t].plan;
     for (const oracle_internal::Victim& v : wb.trainers[t].tables[table].victims) {
       GlobalRow& g = gt.rows[v.global];
-      if (g.evicting == 0) continue;
-      const uint64_t remaining = g.holders & ~g.evicting;
-      if (remaining == 0 && g.dirty) {
+      if (g.holders == 0 && g.dirty) {
         plan.extract[static_cast<size_t>(v.extract)].write_back = true;
         g.write_back = static_cast<int32_t>(i);
         g.dirty = false;
         ++sync.write_backs;
       }
       if (g.shared_iter == i - 1) now_prev[g.shared_index] = 1;
-      g.holders = remaining;
-      g.evicting = 0;
-      if (remaining == 0) gt.expiry.push_back({i, v.global, g.id});
     }
   }
 

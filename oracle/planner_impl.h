@@ -255,12 +255,12 @@ struct TrainerCache {
 };
 
 // Cross-trainer state of a row (several trainers). Iterations fit in 31 bits (Planner::Enter).
-// Padded to one 64-byte cache line (in a Slab large enough for huge pages, line-aligned), so
-// that a record never straddles two lines.
+// 32 bytes, two to a cache line (in a Slab large enough for huge pages, line-aligned, so that a
+// record never straddles two lines): the passes over the rows of a batch read a record each, at
+// random, and the denser the records, the more of them the caches hold. The row's id is not kept
+// (the index maps it to its record, and the expiry entries name it).
 struct GlobalRow {
-  int64_t id = -1;  // row within the table; -1 = free record
   uint64_t holders = 0;
-  uint64_t evicting = 0;  // scratch: trainers evicting it at the boundary being planned
   int32_t last_touch = -1;
   int32_t write_back = -1;  // latest write-back stamp; -1 = none known
   // Latest iteration it was a shared row (never equal to i - 1 or g - 1 for a real iteration).
@@ -269,9 +269,9 @@ struct GlobalRow {
   // row index, TableSync::ids, at that iteration).
   int32_t shared_index = 0;
   bool dirty = false;
-  uint8_t padding[23] = {};
+  uint8_t padding[7] = {};
 };
-static_assert(sizeof(GlobalRow) == 64);
+static_assert(sizeof(GlobalRow) == 32);
 
 struct Expiry {
   Iteration pushed;
