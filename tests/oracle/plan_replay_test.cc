@@ -1,6 +1,7 @@
-// Property tests: plans for random and Zipf-skewed traces, T = 1..4 and 8 trainers, every policy,
-// several capacities, lookaheads, emit lags and write-back horizons, executed by an independent
-// replay (tests/oracle/plan_replay.h) that checks synchronous-training semantics end to end.
+// Property tests: plans for random and Zipf-skewed traces, T = 1..4, 8, 10 and 16 trainers,
+// every policy, several capacities, lookaheads, emit lags and write-back horizons, executed by an
+// independent replay (tests/oracle/plan_replay.h) that checks synchronous-training semantics end
+// to end.
 #include "tests/oracle/plan_replay.h"
 
 #include <string>
@@ -139,6 +140,17 @@ TEST(PlanReplayTest, UniformRowsMultiHotBagsAndEmitLags) {
       Replay({CachePolicy::kLru, trainers, 3, 1, emit_lag, 3, 0.0, 3, seed++});
       if (HasFailure()) return;
     }
+  }
+}
+
+// More trainers than samples in some batches (empty shards), and trainer masks past 8 bits.
+TEST(PlanReplayTest, TenAndSixteenTrainers) {
+  uint64_t seed = 500;
+  for (int trainers : {10, 16}) {
+    Replay({CachePolicy::kOracle, trainers, 5, 6, 2, 6, 1.1, 2, seed++});
+    if (HasFailure()) return;
+    Replay({CachePolicy::kLru, trainers, 3, 1, 2, 5, 1.05, 1, seed++});
+    if (HasFailure()) return;
   }
 }
 
