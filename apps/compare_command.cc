@@ -150,7 +150,18 @@ absl::Status RunCompare(const std::string& a_path, const std::string& b_path, bo
               Text(a.summary, "cache", "?").c_str(), b.name.c_str(),
               Text(b.summary, "cache", "?").c_str());
   std::printf("parameters bit-identical: %s\n", out["identical"].get<bool>() ? "yes" : "no");
-  if (out.contains("params")) {
+  if (out.contains("params") && !out["params"].value("comparable", true)) {
+    const nlohmann::json& p = out["params"];
+    std::printf(
+        "  different models: A has %lld dense values and %lld-float row records, B %lld and "
+        "%lld; values not compared; rows only in A %lld, only in B %lld\n",
+        static_cast<long long>(p["dense_values"][0].get<int64_t>()),
+        static_cast<long long>(p["record_floats"][0].get<int64_t>()),
+        static_cast<long long>(p["dense_values"][1].get<int64_t>()),
+        static_cast<long long>(p["record_floats"][1].get<int64_t>()),
+        static_cast<long long>(p.value("rows_only_in_a", int64_t{0})),
+        static_cast<long long>(p.value("rows_only_in_b", int64_t{0})));
+  } else if (out.contains("params")) {
     const nlohmann::json& p = out["params"];
     std::printf(
         "  max |a - b|: dense %.3g, embedding rows %.3g; differing values %lld; rows "

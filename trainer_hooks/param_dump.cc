@@ -203,26 +203,41 @@ absl::StatusOr<ParamDump> ReadParamDump(const std::string& path) {
 }
 
 nlohmann::json ParamComparison::ToJson() const {
-  return {{"identical", identical},
-          {"same_shape", same_shape},
-          {"dense_max_abs_diff", dense_max_abs_diff},
-          {"rows_max_abs_diff", rows_max_abs_diff},
-          {"rows_only_in_a", rows_only_in_a},
-          {"rows_only_in_b", rows_only_in_b},
-          {"differing_values", differing_values}};
+  nlohmann::json json = {{"identical", identical},
+                         {"comparable", comparable},
+                         {"same_shape", same_shape},
+                         {"dense_values", {dense_values[0], dense_values[1]}},
+                         {"record_floats", {record_floats[0], record_floats[1]}},
+                         {"rows_only_in_a", rows_only_in_a},
+                         {"rows_only_in_b", rows_only_in_b}};
+  if (comparable) {
+    json["dense_max_abs_diff"] = dense_max_abs_diff;
+    json["rows_max_abs_diff"] = rows_max_abs_diff;
+    json["differing_values"] = differing_values;
+  } else {
+    json["dense_max_abs_diff"] = nullptr;
+    json["rows_max_abs_diff"] = nullptr;
+    json["differing_values"] = nullptr;
+  }
+  return json;
 }
 
 ParamComparison CompareParams(const ParamDump& a, const ParamDump& b) {
   ParamComparison c;
-  c.same_shape = a.dense.size() == b.dense.size() && a.record_floats == b.record_floats;
-  const size_t dense = std::min(a.dense.size(), b.dense.size());
-  for (size_t k = 0; k < dense; ++k) {
-    if (std::memcmp(&a.dense[k], &b.dense[k], sizeof(float)) != 0) ++c.differing_values;
-    c.dense_max_abs_diff =
-        std::max<double>(c.dense_max_abs_diff, std::abs(a.dense[k] - b.dense[k]));
+  c.dense_values[0] = static_cast<int64_t>(a.dense.size());
+  c.dense_values[1] = static_cast<int64_t>(b.dense.size());
+  c.record_floats[0] = a.record_floats;
+  c.record_floats[1] = b.record_floats;
+  c.comparable = a.dense.size() == b.dense.size() && a.record_floats == b.record_floats;
+  if (c.comparable) {
+    for (size_t k = 0; k < a.dense.size(); ++k) {
+      if (std::memcmp(&a.dense[k], &b.dense[k], sizeof(float)) != 0) ++c.differing_values;
+      c.dense_max_abs_diff =
+          std::max<double>(c.dense_max_abs_diff, std::abs(a.dense[k] - b.dense[k]));
+    }
   }
+  const int rf = a.record_floats;
   size_t i = 0, j = 0;
-  const int rf = std::min(a.record_floats, b.record_floats);
   while (i < a.rows.size() || j < b.rows.size()) {
     if (j == b.rows.size() || (i < a.rows.size() && a.rows[i] < b.rows[j])) {
       ++c.rows_only_in_a;
@@ -231,17 +246,19 @@ ParamComparison CompareParams(const ParamDump& a, const ParamDump& b) {
       ++c.rows_only_in_b;
       ++j;
     } else {
-      const float* x = a.records.data() + i * a.record_floats;
-      const float* y = b.records.data() + j * b.record_floats;
-      for (int k = 0; k < rf; ++k) {
-        if (std::memcmp(&x[k], &y[k], sizeof(float)) != 0) ++c.differing_values;
-        c.rows_max_abs_diff = std::max<double>(c.rows_max_abs_diff, std::abs(x[k] - y[k]));
+      if (c.comparable) {
+        const float* x = a.records.data() + i * rf;
+        const float* y = b.records.data() + j * rf;
+        for (int k = 0; k < rf; ++k) {
+          if (std::memcmp(&x[k], &y[k], sizeof(float)) != 0) ++c.differing_values;
+          c.rows_max_abs_diff = std::max<double>(c.rows_max_abs_diff, std::abs(x[k] - y[k]));
+        }
       }
       ++i;
       ++j;
     }
   }
-  c.same_shape = c.same_shape && c.rows_only_in_a == 0 && c.rows_only_in_b == 0;
+  c.same_shape = c.comparable && c.rows_only_in_a == 0 && c.rows_only_in_b == 0;
   c.identical = c.same_shape && c.differing_values == 0;
   return c;
 }

@@ -73,7 +73,13 @@ absl::StatusOr<ParamDump> ReadParamDump(const std::string& path);
 
 struct ParamComparison {
   bool identical = false;
-  bool same_shape = false;  // same dense count, same row set, same record size
+  // The same dense count and row record size: the values are compared (the rows' over the rows
+  // both dumps hold). Dumps of different models (another --dim, other dense layers) are not:
+  // their differences and max differences stay 0 here and are null in ToJson.
+  bool comparable = false;
+  bool same_shape = false;           // comparable, and the same row set
+  int64_t dense_values[2] = {0, 0};  // of a, of b
+  int record_floats[2] = {0, 0};
   double dense_max_abs_diff = 0;
   double rows_max_abs_diff = 0;
   int64_t rows_only_in_a = 0;

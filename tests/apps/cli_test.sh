@@ -181,6 +181,16 @@ if ! grep -q "max |a - b|: dense 0," "$WORK/compare_dense_lr0.out"; then
   sed 's/^/    /' "$WORK/compare_dense_lr0.out" | head -5
   failures=$((failures + 1))
 fi
+# Runs of different models (another --dim) compare their throughput and losses, not their values.
+expect_ok dim8 train --data "$SYN" --batch-size 512 --iterations 5 --quiet --dim 8 \
+  --deterministic --out "$WORK/dim8" --dump-params "$WORK/dim8"
+expect_ok compare_dims compare "$WORK/dl0_sgd" "$WORK/dim8"
+if ! grep -q "different models: .* values not compared" "$WORK/compare_dims.out" ||
+   grep -q "max |a - b|" "$WORK/compare_dims.out"; then
+  echo "FAIL compare of different --dim: values compared across models"
+  sed 's/^/    /' "$WORK/compare_dims.out" | head -5
+  failures=$((failures + 1))
+fi
 for key in dense_lr:0.0 eps:1e-10 initial_accumulator:0.1; do
   value=$(json_field "$WORK/dl0_adagrad/summary.json" "${key%%:*}" 2>/dev/null)
   if ! python3 -c "import sys; sys.exit(abs(float('$value') - ${key#*:}) > 1e-6 * abs(${key#*:}) + 1e-12)" 2>/dev/null; then

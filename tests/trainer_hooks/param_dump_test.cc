@@ -8,6 +8,7 @@
 #include <iterator>
 #include <string>
 
+#include "core/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/data/data_testing.h"
@@ -74,6 +75,54 @@ TEST_F(ParamDumpTest, AWrittenDumpReadsBack) {
   EXPECT_EQ(dump->rows, (std::vector<RowId>{3, 70}));
   EXPECT_EQ(dump->records, (std::vector<float>{1, 2, 3, 4, 5, 6}));
   EXPECT_TRUE(CompareParams(*dump, *dump).identical);
+}
+
+// Another dump beside the fixture's: `dense` values and rows 3 and `row` of `floats` floats.
+absl::StatusOr<ParamDump> WriteAndRead(const std::string& dir, std::vector<float> dense, int floats,
+                                       RowId row) {
+  std::filesystem::create_directories(dir);
+  ASSIGN_OR_RETURN(auto writer, ParamWriter::Create(dir, {{"dim", floats}}, floats));
+  RETURN_IF_ERROR(writer->AddDense(dense));
+  const std::vector<float> a(static_cast<size_t>(floats), 1.0f),
+      b(static_cast<size_t>(floats), 2.5f);
+  RETURN_IF_ERROR(writer->AddRow(3, a.data()));
+  RETURN_IF_ERROR(writer->AddRow(row, b.data()));
+  RETURN_IF_ERROR(writer->Finish().status());
+  return ReadParamDump(dir);
+}
+
+TEST_F(ParamDumpTest, DumpsOfDifferentModelsAreNotComparedValueByValue) {
+  auto dump = ReadParamDump(dir_);
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  // Another embedding dimension: the first floats of each record are equal, and must not make the
+  // comparison look close.
+  auto wider = WriteAndRead(dir_ + "/wider", {0.5f, -1.0f}, 4, 70);
+  ASSERT_TRUE(wider.ok()) << wider.status();
+  ParamComparison c = CompareParams(*dump, *wider);
+  EXPECT_FALSE(c.comparable);
+  EXPECT_FALSE(c.same_shape);
+  EXPECT_FALSE(c.identical);
+  EXPECT_EQ(c.differing_values, 0);
+  nlohmann::json json = c.ToJson();
+  EXPECT_EQ(json["record_floats"], nlohmann::json({3, 4}));
+  EXPECT_TRUE(json["differing_values"].is_null());
+  EXPECT_TRUE(json["rows_max_abs_diff"].is_null());
+  // Another dense model.
+  auto other_dense = WriteAndRead(dir_ + "/dense", {0.5f, -1.0f, 7.0f}, 3, 70);
+  ASSERT_TRUE(other_dense.ok()) << other_dense.status();
+  c = CompareParams(*dump, *other_dense);
+  EXPECT_FALSE(c.comparable);
+  EXPECT_EQ(c.ToJson()["dense_values"], nlohmann::json({2, 3}));
+  // The same model over other rows: the shared rows are compared, the others counted.
+  auto other_rows = WriteAndRead(dir_ + "/rows", {0.5f, -1.0f}, 3, 71);
+  ASSERT_TRUE(other_rows.ok()) << other_rows.status();
+  c = CompareParams(*dump, *other_rows);
+  EXPECT_TRUE(c.comparable);
+  EXPECT_FALSE(c.same_shape);
+  EXPECT_EQ(c.rows_only_in_a, 1);
+  EXPECT_EQ(c.rows_only_in_b, 1);
+  EXPECT_EQ(c.differing_values, 2);  // row 3: {1, 2, 3} against {1, 1, 1}
+  EXPECT_DOUBLE_EQ(c.rows_max_abs_diff, 2.0);
 }
 
 TEST_F(ParamDumpTest, TruncatedOrExtendedFilesAreRefused) {
