@@ -253,20 +253,51 @@ def initial_embedding_weights(config, schema):
             for t in range(len(rows))]
 
 
+def _int_argument(function, name, value, low=-2**31, high=2**31 - 1):
+    """``value`` as the int argument ``name`` of ``function``: a TypeError naming both for a
+    bool, a float, a string or anything else that is not an integer (int() would truncate 4.7 or
+    parse "4"), a ConfigError outside [low, high] (the C++ argument's range)."""
+    if not isinstance(value, (bool, np.bool_)):
+        try:
+            value = operator.index(value)
+        except TypeError:
+            pass
+        else:
+            if not low <= value <= high:
+                raise ConfigError(f"{function}: {name} = {value} is out of range [{low}, {high}]")
+            return value
+    raise TypeError(f"{function}: {name} must be an int, got {type(value).__name__} "
+                    f"{value!r:.80}")
+
+
+def _int_list_argument(function, name, values):
+    """``values`` (an iterable of ints, not a string) as a list; TypeError otherwise."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, collections.abc.Iterable):
+        raise TypeError(f"{function}: {name} must be a list of ints, got "
+                        f"{type(values).__name__} {values!r:.80}")
+    return [_int_argument(function, f"{name}[{k}]", v) for k, v in enumerate(values)]
+
+
 def initial_dense_parameters(num_dense, num_tables, dim, bottom, top, seed):
     """The layers of ``bagpipe train --model dlrm``'s dense model as it starts them: a list of
     (weight [out, in], bias [out]) float32 tensors, the bottom MLP's layers then the top MLP's
     (``bottom`` from num_dense to dim; ``top`` after the dot interaction, ending in 1). A
     torch.nn DLRM loaded with them starts where the C++ one does."""
+    f = "initial_dense_parameters"
     return [(torch.from_numpy(weight), torch.from_numpy(bias))
             for weight, bias in _core.initial_dense_parameters(
-                int(num_dense), int(num_tables), int(dim), [int(s) for s in bottom],
-                [int(s) for s in top], int(seed))]
+                _int_argument(f, "num_dense", num_dense),
+                _int_argument(f, "num_tables", num_tables), _int_argument(f, "dim", dim),
+                _int_list_argument(f, "bottom", bottom), _int_list_argument(f, "top", top),
+                _int_argument(f, "seed", seed, 0, 2**64 - 1))]
 
 
 def initial_logreg_parameters(num_tables, dim, seed):
     """``bagpipe train --model logreg``'s initial (weight [1, tables * dim], bias [1])."""
-    weight, bias = _core.initial_logreg_parameters(int(num_tables), int(dim), int(seed))
+    f = "initial_logreg_parameters"
+    weight, bias = _core.initial_logreg_parameters(_int_argument(f, "num_tables", num_tables),
+                                                   _int_argument(f, "dim", dim),
+                                                   _int_argument(f, "seed", seed, 0, 2**64 - 1))
     return torch.from_numpy(weight), torch.from_numpy(bias)
 
 

@@ -99,6 +99,26 @@ def test_out_of_range_values_nul_characters_and_unknown_names_are_refused():
         (64, 0.5, True, "runs/x")
 
 
+@pytest.mark.parametrize("call, argument", [
+    (lambda: bagpipe.initial_logreg_parameters(4.7, 4, 1), "num_tables"),
+    (lambda: bagpipe.initial_logreg_parameters(4, "4", 1), "dim"),
+    (lambda: bagpipe.initial_logreg_parameters(4, 4, True), "seed"),
+    (lambda: bagpipe.initial_dense_parameters(13, 4, 4, [8, 4.0], [8], 1), "bottom[1]"),
+    (lambda: bagpipe.initial_dense_parameters(13, 4, 4, "84", [8], 1), "bottom"),
+    (lambda: bagpipe.initial_dense_parameters(13, 4, 4, [8, 4], [8], np.float32(1)), "seed"),
+])
+def test_initial_parameters_refuse_arguments_that_are_not_ints(call, argument):
+    with pytest.raises(TypeError, match=f"{argument.replace('[', '.').replace(']', '.')} must be"):
+        call()
+    with pytest.raises(bagpipe.ConfigError, match=r"seed = -1 is out of range \[0, "):
+        bagpipe.initial_logreg_parameters(4, 4, -1)
+    with pytest.raises(bagpipe.ConfigError, match="num_tables = 1099511627776 is out of range"):
+        bagpipe.initial_logreg_parameters(2**40, 4, 1)
+    # The same calls with ints work.
+    weight, bias = bagpipe.initial_logreg_parameters(4, np.int64(4), 1)
+    assert weight.shape == (1, 16) and bias.shape == (1,)
+
+
 def test_every_option_of_the_runtime_is_type_checked():
     options = {name for name, value in vars(bagpipe._core.Config).items()
                if isinstance(value, property)}
