@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/device.h"
 #include "core/progress.h"
@@ -70,6 +71,15 @@ LoopState MakeLoopState(Head* model, int64_t* global_samples) {
     RETURN_IF_ERROR(model->ReadParameters(&saved.parameters));
     RETURN_IF_ERROR(model->ReadOptimizerState(&saved.optimizer_state));
     saved.global_samples = *global_samples;
+    // A diverged run fails here rather than leave a checkpoint nothing can train on from as
+    // the newest one (the complete ones before it are kept).
+    const absl::Status finite = CheckDenseLoopStateFinite(saved);
+    if (!finite.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "training diverged: ", finite.message(),
+          "; the checkpoint is not written (the newest complete one is kept); lower the "
+          "learning rate (--lr, --dense-lr) or scale extreme dense values (e.g. log(C))"));
+    }
     return EncodeDenseLoopState(saved);
   };
   state.restore = [model, global_samples](std::string_view bytes) -> absl::Status {
@@ -193,7 +203,8 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
       return absl::FailedPreconditionError(absl::StrFormat(
           "training diverged: the loss summed over iterations %d to %d is %f (not finite); "
           "lower the learning rate (--lr, --dense-lr) or scale extreme dense values (e.g. log(C))",
-          iterations - interval_iterations + 1, iterations, sums[0]));
+          first_iteration + iterations - interval_iterations + 1, first_iteration + iterations,
+          sums[0]));
     }
     const double seconds = interval_watch.Seconds();
     const PhaseTimes now =

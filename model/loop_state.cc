@@ -1,7 +1,9 @@
 #include "model/loop_state.h"
 
+#include <cmath>
 #include <cstring>
 #include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +14,20 @@
 #include "nlohmann/json.hpp"
 
 namespace bagpipe {
+
+absl::Status CheckDenseLoopStateFinite(const DenseLoopState& state) {
+  auto check = [](const std::vector<float>& values, const char* what) -> absl::Status {
+    for (size_t k = 0; k < values.size(); ++k) {
+      if (!std::isfinite(values[k])) {
+        return absl::FailedPreconditionError(
+            absl::StrFormat("dense %s %d of %d is %f", what, k, values.size(), values[k]));
+      }
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(check(state.parameters, "parameter"));
+  return check(state.optimizer_state, "optimizer value");
+}
 
 std::string EncodeDenseLoopState(const DenseLoopState& state) {
   std::string out = nlohmann::json{{"parameters", state.parameters.size()},
@@ -62,6 +78,12 @@ absl::StatusOr<DenseLoopState> DecodeDenseLoopState(std::string_view bytes) {
   if (!state.optimizer_state.empty()) {
     std::memcpy(state.optimizer_state.data(), body.data() + parameter_bytes,
                 state.optimizer_state.size() * sizeof(float));
+  }
+  const absl::Status finite = CheckDenseLoopStateFinite(state);
+  if (!finite.ok()) {
+    return bad(absl::StrCat("is not finite (", finite.message(),
+                            "): it was saved after the training diverged; resume from an earlier "
+                            "checkpoint, with a lower learning rate"));
   }
   return state;
 }

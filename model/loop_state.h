@@ -24,8 +24,15 @@ struct DenseLoopState {
 std::string EncodeDenseLoopState(const DenseLoopState& state);
 
 // Errors (DataLoss) say what is wrong: no header line, a field missing or not an integer, counts
-// that do not match the bytes that follow.
+// that do not match the bytes that follow, a value that is not finite (a state saved after the
+// training diverged: nothing can train on from it).
 absl::StatusOr<DenseLoopState> DecodeDenseLoopState(std::string_view bytes);
+
+// OK if every parameter and optimizer value is finite; else FailedPrecondition naming the first
+// value that is not ("dense parameter 17 of 1345 is nan"). The reference loop calls it before
+// saving a checkpoint, so that a diverged run never leaves a non-finite checkpoint as the
+// newest one.
+absl::Status CheckDenseLoopStateFinite(const DenseLoopState& state);
 
 }  // namespace bagpipe
 

@@ -164,6 +164,12 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& checkpoint) {
   ASSIGN_OR_RETURN(m.stream.samples, integer(s, "samples", 0, kMax));
   ASSIGN_OR_RETURN(m.stream.epoch, integer(s, "epoch", 0, std::numeric_limits<int>::max()));
   ASSIGN_OR_RETURN(m.stream.last_batch_crc32c, integer(s, "last_batch_crc32c", 0, kMaxU32));
+  if (m.stream.batches != m.iteration) {
+    return bad(
+        absl::StrFormat("\"stream\" counts %d batches for a checkpoint of iteration %d "
+                        "(one global batch an iteration)",
+                        m.stream.batches, m.iteration));
+  }
   if (m.stream.batches > m.stream.samples) {
     return bad(absl::StrFormat("\"stream\" counts %d batches of %d samples in all",
                                m.stream.batches, m.stream.samples));
@@ -340,12 +346,23 @@ CheckpointCoordinator::CheckpointCoordinator(Transport& transport, const JobLayo
                                              CheckpointOptions options, absl::Duration timeout)
     : transport_(transport), layout_(layout), options_(std::move(options)), timeout_(timeout) {}
 
-absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(BatchStream& train) {
+absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
+    BatchStream& train, Iteration max_iterations) {
   Start start;
   if (!options_.resume.empty()) {
     ASSIGN_OR_RETURN(const std::string path, ResolveCheckpoint(options_.resume));
     ASSIGN_OR_RETURN(const CheckpointManifest manifest, ReadManifest(path));
     RETURN_IF_ERROR(MatchIdentity(manifest.identity, options_.identity, path));
+    if (max_iterations >= 0 && manifest.iteration > max_iterations) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "checkpoint %s is at iteration %d, past this job's last iteration %d (--iterations): "
+          "raise --iterations above %d to train on from it",
+          path, manifest.iteration, max_iterations, manifest.iteration));
+    }
+    if (manifest.iteration == max_iterations) {
+      BAGPIPE_LOG(WARNING) << "checkpoint " << path << " is at iteration " << manifest.iteration
+                           << ", this job's last (--iterations): no iteration is left to train";
+    }
     const CheckpointFile* loop = manifest.Find(kLoopStateName);
     if (loop == nullptr) {
       return absl::DataLossError(

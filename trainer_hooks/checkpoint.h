@@ -179,8 +179,11 @@ class CheckpointCoordinator {
   };
   // Before training: with options.resume, verifies the checkpoint, has every server load its
   // shard and reads `train` up to the checkpoint (checking the position); checks the checkpoint
-  // directory. Nothing is written before this returns OK.
-  absl::StatusOr<Start> Begin(BatchStream& train);
+  // directory. Nothing is written before this returns OK. `max_iterations` is the job's last
+  // iteration (-1: none): a checkpoint past it is refused before anything is read (the job
+  // would train nothing, and the stream would be read up to the checkpoint for nothing); one at
+  // it starts a job with no iteration left (a finished job started again), with a warning.
+  absl::StatusOr<Start> Begin(BatchStream& train, Iteration max_iterations = -1);
   // After the kCheckpoint plans of `iteration` went to the trainers: collects trainer 0's loop
   // state and the servers' shards, writes trainer.bin and the manifest, prunes. Returns the
   // checkpoint's path.

@@ -550,7 +550,12 @@ class Trainer::Impl {
     if (id_ == 0) {
       std::string state;
       if (loop_state_.save) {
-        ASSIGN_OR_RETURN(state, loop_state_.save());
+        absl::StatusOr<std::string> saved = loop_state_.save();
+        if (!saved.ok()) {
+          return Annotate(saved.status(),
+                          absl::StrCat("saving the loop state for checkpoint ", plan.iteration));
+        }
+        state = std::move(*saved);
       }
       WireWriter w;
       w.Put(plan.iteration);

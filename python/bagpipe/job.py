@@ -564,6 +564,11 @@ class Trainer:
         counters) and ``set(extra)`` restore the rest. Every trainer holds the same dense
         replica, so trainer 0's is saved and every trainer restores it."""
         def save():
+            # A diverged loop fails here rather than leave a checkpoint nothing can train on
+            # from as the newest one.
+            _check_finite_parameters(objects, "training diverged: ",
+                                     "; the checkpoint is not written (the newest complete one "
+                                     "is kept): lower the learning rate")
             buffer = io.BytesIO()
             torch.save({"objects": [o.state_dict() for o in objects],
                         "extra": get() if get is not None else None}, buffer)
@@ -576,6 +581,9 @@ class Trainer:
                                  f"this loop {len(objects)}")
             for o, o_state in zip(objects, state["objects"]):
                 o.load_state_dict(o_state)
+            _check_finite_parameters(objects, "the checkpoint's loop state is not finite (",
+                                     "): it was saved after the training diverged; resume "
+                                     "from an earlier checkpoint, with a lower learning rate")
             if set is not None:
                 set(state["extra"])
         self.set_loop_state(save, restore)
@@ -590,6 +598,19 @@ class Trainer:
         """The trainer's counters and phase times (seconds) so far, as a dict."""
         self._end_pending()
         return json.loads(self._core.stats_json())
+
+
+def _check_finite_parameters(objects, prefix, suffix):
+    """Raises FloatingPointError naming the first module parameter (of ``objects``) that holds a
+    value that is not finite. Only parameters: buffers (e.g. -inf attention masks) and optimizer
+    state may legitimately hold such values."""
+    for k, o in enumerate(objects):
+        if not isinstance(o, torch.nn.Module):
+            continue
+        for name, parameter in o.named_parameters():
+            if parameter.is_floating_point() and not bool(torch.isfinite(parameter).all()):
+                raise FloatingPointError(f"{prefix}parameter '{name}' of {type(o).__name__} "
+                                         f"(object {k}) is not finite{suffix}")
 
 
 # The figures of complete(info=...) that summary.json reads (model/run_report.cc), by JSON type:

@@ -193,7 +193,7 @@ refuse() {
   echo '{"iteration": 1}' >"$out/metrics.jsonl"
   local before
   before=$(snapshot "$out" "$WORK"/ck_*)
-  train "$name" --iterations $N --cache oracle --out "$out" --dump-params "$out" "$@"
+  train "$name" --iterations "${ITERATIONS:-$N}" --cache oracle --out "$out" --dump-params "$out" "$@"
   local rc=$?
   if [[ $rc -eq 0 ]]; then
     fail "$name: succeeded (expected an error matching '$regex')"
@@ -221,6 +221,20 @@ mkdir -p "$WORK/ck_foreign" && echo hi >"$WORK/ck_foreign/notes.txt"
 refuse foreign_files "holds files that are not checkpoints of this job \(e.g. 'notes.txt'\)" \
   "${T2[@]}" --checkpoint-dir "$WORK/ck_foreign"
 refuse no_checkpoint "holds no complete checkpoint" "${T2[@]}" --resume "$WORK/ck_foreign"
+# A checkpoint past --iterations: refused before the stream is read (the job would train
+# nothing); one at --iterations (a finished job started again) runs no iteration, with a warning.
+ITERATIONS=$K refuse past_iterations \
+  "checkpoint .*$latest is at iteration $N, past this job's last iteration $K \(--iterations\)" \
+  "${T2[@]}" --resume "$good"
+if train at_iterations "${T2[@]}" --iterations $N --cache oracle --resume "$good" \
+  --out "$WORK/at_iterations" &&
+  grep -q "is at iteration $N, this job's last (--iterations): no iteration is left" \
+    "$WORK/at_iterations.log" &&
+  [[ "$(field "$WORK/at_iterations/summary.json" iterations)" == 0 ]]; then
+  echo "ok   at_iterations (exit 0, no iteration, a warning)"
+else
+  fail "at_iterations: $(tail -3 "$WORK/at_iterations.log")"
+fi
 
 # Damaged copies of the good checkpoint: a flipped byte anywhere, a truncation, another format.
 damaged() {  # damaged NAME: a fresh copy of the latest checkpoint in $WORK/ck_dmg_NAME

@@ -217,6 +217,16 @@ expect_error criteo_directory "is a directory" data-stats --data "criteo:$WORK" 
 expect_error bin_directory "is a directory" train --data "bin:$WORK" --quiet
 expect_error diverged "training diverged: the loss .* is .*nan" train --data "$SYN" --lr 1e30 \
   --batch-size 256 --iterations 5 --quiet
+# Diverged before a checkpoint: refused, so that no checkpoint nothing can train on from is left
+# as the newest one.
+expect_error diverged_checkpoint \
+  "saving the loop state for checkpoint [0-9]+: training diverged: dense parameter [0-9]+ of" \
+  train --data "$SYN" --lr 1e30 --batch-size 256 --iterations 6 --metrics-interval 100 \
+  --checkpoint-dir "$WORK/diverged_ck" --checkpoint-every 2 --quiet
+if compgen -G "$WORK/diverged_ck/ckpt-*/MANIFEST" >/dev/null; then
+  echo "FAIL diverged_checkpoint: a checkpoint was completed: $(ls "$WORK"/diverged_ck/ckpt-*/MANIFEST)"
+  failures=$((failures + 1))
+fi
 expect_error convert_no_dir "cannot .*no/such/x.bin" convert --data "$CRITEO" --out "$WORK/no/such/x.bin" \
   --quiet
 # Sizes no machine holds: refused up front with the figure, not ended by std::bad_alloc.

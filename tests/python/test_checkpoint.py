@@ -3,7 +3,7 @@ Ctrl-C inside run_trainers) writes a checkpoint, and the job resumed from it end
 parameters of an uninterrupted run, bit for bit (deterministic), for oracle with 1 trainer and
 lru with 2; each part really trained (iterations > 0, adding up to the whole run) and the
 checkpoint's files exist. A resume whose loop registers no state, or whose loop options differ,
-is refused with a clear error."""
+is refused with a clear error, and so are saving and restoring a diverged (non-finite) head."""
 
 import contextlib
 import os
@@ -27,10 +27,13 @@ def make_config(cache, trainers, **options):
     return bagpipe.Config(**settings)
 
 
-def train(trainer, job, stop_at=None, signal_at=None, register=True, context=None):
+def train(trainer, job, stop_at=None, signal_at=None, register=True, context=None,
+          poison_at=None):
     """An embedding-bag + linear head loop with Adagrad; returns (iterations run here, the
     first iteration). Trainer 0 asks for the stop at iteration `stop_at` (or sends itself a
-    SIGINT at `signal_at`). ``context()``: a context manager the loop runs in (e.g. a stream)."""
+    SIGINT at `signal_at`). ``context()``: a context manager the loop runs in (e.g. a stream).
+    After the step of iteration `poison_at` every trainer's head bias becomes NaN, as in a run
+    that diverged (the next iteration's gradients would be refused)."""
     tables = bagpipe.EmbeddingBags(trainer)
     inputs = trainer.num_tables * trainer.dim + trainer.num_dense
     head = torch.nn.Linear(inputs, 1)
@@ -57,6 +60,9 @@ def train(trainer, job, stop_at=None, signal_at=None, register=True, context=Non
             loss.backward()
             trainer.all_reduce_gradients(head.parameters())
             optimizer.step()
+            if batch.iteration == poison_at:
+                with torch.no_grad():
+                    head.bias.fill_(float("nan"))
             counters["samples"] += batch.num_samples
             steps += 1
         trainer.flush()
@@ -127,3 +133,26 @@ def test_resume_refusals_are_clear(tmp_path):
     with pytest.raises(bagpipe.Error, match="SetLoopState"):
         run(make_config("oracle", 1, resume=str(checkpoints)), tmp_path, "none",
             register=False)
+
+
+def test_diverged_parameters_are_neither_saved_nor_restored(tmp_path, monkeypatch):
+    checkpoints = tmp_path / "ckpt"
+    config = make_config("oracle", 1, checkpoint_dir=str(checkpoints), checkpoint_every=2)
+    with pytest.raises(bagpipe.Error, match="checkpoint 4: .*training diverged: parameter 'bias' "
+                                            "of Linear \\(object 0\\) is not finite"):
+        run(config, tmp_path, "diverged", poison_at=3)
+    # Iteration 3 diverged: the checkpoint before it is complete and stays the newest; the
+    # refused one (after it) never got its manifest.
+    assert os.path.exists(checkpoints / "ckpt-2" / "MANIFEST")
+    assert not os.path.exists(checkpoints / "ckpt-4" / "MANIFEST")
+
+    # A checkpoint written without the check (an older version, another loop) is refused on
+    # resume.
+    saved = tmp_path / "unchecked"
+    monkeypatch.setattr(bagpipe.job, "_check_finite_parameters", lambda *args: None)
+    run(make_config("oracle", 1, checkpoint_dir=str(saved), iterations=4), tmp_path, "unchecked_run",
+        poison_at=3)
+    monkeypatch.undo()
+    with pytest.raises(bagpipe.Error, match="not finite \\(parameter 'bias' .*saved after the "
+                                            "training diverged"):
+        run(make_config("oracle", 1, resume=str(saved)), tmp_path, "resumed")

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <string>
 
 #include "core/atomic_file.h"
@@ -42,7 +43,7 @@ std::string ManifestError(const std::string& dir, const std::string& json) {
 TEST(CheckpointHostileTest, ManifestFieldsAreTyped) {
   const std::string dir = TempPath("manifest");
   const std::string stream =
-      R"("stream": {"batches": 1, "samples": 2, "epoch": 0, "last_batch_crc32c": 3})";
+      R"("stream": {"batches": 5, "samples": 9, "epoch": 0, "last_batch_crc32c": 3})";
   const std::string files = R"("files": [{"name": "trainer.bin", "bytes": 10, "crc32c": 4}])";
   const std::string identity = R"("identity": {})";
   // The valid manifest first, so that each refusal below is about its one changed field.
@@ -73,9 +74,15 @@ TEST(CheckpointHostileTest, ManifestFieldsAreTyped) {
       HasSubstr(where + "\"crc32c\" is 4294967296, outside [0, 4294967295]"));
   EXPECT_THAT(ManifestError(dir, "{\"iteration\": 5, " + stream + ", " + files + "}"),
               HasSubstr(where + "missing field \"identity\""));
+  // Another count of batches than of iterations (one global batch each).
+  EXPECT_THAT(ManifestError(dir, "{\"iteration\": 5, " + identity +
+                                     R"(, "stream": {"batches": 4, "samples": 9, "epoch": 0, )"
+                                     R"("last_batch_crc32c": 3}, )" +
+                                     files + "}"),
+              HasSubstr(where + "\"stream\" counts 4 batches for a checkpoint of iteration 5"));
   // More batches than samples: resuming would read a stream of several epochs for ever.
   EXPECT_THAT(
-      ManifestError(dir, "{\"iteration\": 5, " + identity +
+      ManifestError(dir, "{\"iteration\": 1000000000000000000, " + identity +
                              R"(, "stream": {"batches": 1000000000000000000, "samples": 512, )"
                              R"("epoch": 0, "last_batch_crc32c": 3}, )" +
                              files + "}"),
@@ -160,6 +167,22 @@ TEST(CheckpointHostileTest, LoopStateCountsAreCheckedBeforeAllocating) {
                     "\n"),
               HasSubstr("missing field \"global_samples\""));
   EXPECT_THAT(error("no header line"), HasSubstr("has no header line"));
+  // A state saved after the training diverged: nothing trains on from it.
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    DenseLoopState diverged = state;
+    diverged.parameters[1] = bad;
+    EXPECT_THAT(CheckDenseLoopStateFinite(diverged).message(),
+                HasSubstr("dense parameter 1 of 3 is"));
+    EXPECT_THAT(error(EncodeDenseLoopState(diverged)),
+                AllOf(HasSubstr("is not finite (dense parameter 1 of 3 is "),
+                      HasSubstr("saved after the training diverged")));
+    diverged = state;
+    diverged.optimizer_state[0] = -bad;
+    EXPECT_THAT(error(EncodeDenseLoopState(diverged)),
+                HasSubstr("is not finite (dense optimizer value 0 of 1 is "));
+  }
+  EXPECT_TRUE(CheckDenseLoopStateFinite(state).ok());
   EXPECT_THAT(error("[1, 2]\n"), AllOf(HasSubstr("has no valid header"), Not(HasSubstr("["))));
 }
 

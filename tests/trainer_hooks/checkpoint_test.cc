@@ -56,6 +56,8 @@ void FakeCheckpoint(const std::string& dir, Iteration iteration,
   fs::create_directories(path);
   CheckpointManifest manifest;
   manifest.iteration = iteration;
+  manifest.stream.batches = iteration;  // one global batch of one sample an iteration
+  manifest.stream.samples = iteration;
   manifest.identity = identity;
   ASSERT_TRUE(WriteManifest(path, manifest).ok());
 }
