@@ -222,6 +222,24 @@ PrefetchStats Prefetcher::stats() const {
   return stats_;
 }
 
+std::string Prefetcher::UnjoinedAllReduce() {
+  std::vector<std::string> waiting;
+  for (const int rank : transport_.SourcesWithPending(kTagDense)) {
+    const int trainer = rank - layout_.trainer_rank(0);
+    if (trainer < 0 || trainer >= layout_.trainers || trainer == trainer_) continue;
+    waiting.push_back(absl::StrFormat("trainer %d (rank %d)", trainer, rank));
+  }
+  if (waiting.empty()) return "that server died or hung";
+  const bool one = waiting.size() == 1;
+  return absl::StrCat(
+      absl::StrJoin(waiting, ", "), one ? " is" : " are",
+      " waiting in a dense all-reduce that trainer ", trainer_, " has not joined (",
+      one ? "its part waits" : "their parts wait", " here), and the servers wait for ",
+      one ? "it" : "them",
+      ": every trainer must call the same all-reduces (all_reduce_, all_reduce_gradients, "
+      "Trainer::AllReduce) equally often and in the same order");
+}
+
 void Prefetcher::FailAll(const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   if (error_.ok()) error_ = status;
@@ -297,9 +315,11 @@ void Prefetcher::ReceiveLoop() {
         names.push_back(absl::StrFormat("server %d (rank %d)", s, layout_.server_rank(s)));
       }
       FailAll(absl::IsDeadlineExceeded(message.status())
-                  ? absl::DeadlineExceededError(absl::StrFormat(
-                        "trainer %d waited %s for rows from %s; that server died or hung", trainer_,
-                        absl::FormatDuration(peer_timeout_), absl::StrJoin(names, ", ")))
+                  ? absl::DeadlineExceededError(
+                        absl::StrCat(absl::StrFormat("trainer %d waited %s for rows from %s; ",
+                                                     trainer_, absl::FormatDuration(peer_timeout_),
+                                                     absl::StrJoin(names, ", ")),
+                                     UnjoinedAllReduce()))
                   : message.status());
       return;
     }

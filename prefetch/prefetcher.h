@@ -91,6 +91,10 @@ class Prefetcher {
   void ReceiveLoop();
   absl::Status HandleResponse(const Message& message);
   void FailAll(const absl::Status& status);
+  // Why a server may not answer: the trainers whose part of a dense all-reduce waits here, which
+  // this trainer has not joined (they wait for it, and the servers for their rows), or else
+  // "that server died or hung".
+  std::string UnjoinedAllReduce();
 
   Transport& transport_;
   const JobLayout layout_;

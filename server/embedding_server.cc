@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/tunables.h"
@@ -74,6 +75,35 @@ bool EmbeddingServer::Ready(Waiting& waiting) {
     if (after >= 0 && store_.stamp(request.rows[waiting.ready_prefix]) < after) return false;
   }
   return true;
+}
+
+std::string EmbeddingServer::OldestWait() const {
+  if (waiting_.empty()) return "";
+  const Waiting& oldest = waiting_.front();
+  const Iteration floor = oldest.request.iteration - options_.writeback_horizon;
+  std::vector<std::string> behind;
+  for (size_t t = 0; t < watermarks_.size(); ++t) {
+    if (watermarks_[t] < floor) {
+      behind.push_back(absl::StrFormat("trainer %d (in up to iteration %d, needed up to %d)", t,
+                                       watermarks_[t], floor));
+    }
+  }
+  std::string what;
+  if (!behind.empty()) {
+    what = absl::StrCat("the write-backs of ", absl::StrJoin(behind, ", "));
+  } else {
+    // Not the watermarks: a row whose write-back stamp is not there yet (Ready's prefix).
+    const size_t k = oldest.ready_prefix;
+    what = k < oldest.request.rows.size()
+               ? absl::StrFormat(
+                     "row %d's write-back of iteration %d (the server holds its "
+                     "write-back of iteration %d)",
+                     oldest.request.rows[k], oldest.request.after_stamps[k],
+                     store_.stamp(oldest.request.rows[k]))
+               : std::string("nothing (ready)");
+  }
+  return absl::StrFormat("the oldest, trainer %d's for iteration %d, waits for %s", oldest.trainer,
+                         oldest.request.iteration, what);
 }
 
 std::vector<std::pair<int, FetchResponse>> EmbeddingServer::TakeReady() {
@@ -171,10 +201,13 @@ absl::Status RunServer(Transport& transport, const JobLayout& layout, int server
     absl::StatusOr<Message> message = transport.Receive(kAnySource, kAnyTag, timeout);
     if (!message.ok()) {
       if (absl::IsDeadlineExceeded(message.status())) {
+        const std::string oldest = server.OldestWait();
         return fail(absl::DeadlineExceededError(absl::StrFormat(
-            "no message from any rank for %s (%d of %d trainers done, %d fetches waiting); a "
-            "peer died or hung",
-            absl::FormatDuration(timeout), done, layout.trainers, server.waiting())));
+            "no message from any rank for %s (%d of %d trainers done, %d fetches waiting%s); a "
+            "peer died or hung, or a trainer waits for something the others do not do (e.g. an "
+            "all-reduce not every trainer calls)",
+            absl::FormatDuration(timeout), done, layout.trainers, server.waiting(),
+            oldest.empty() ? "" : absl::StrCat(": ", oldest))));
       }
       return message.status();  // aborted elsewhere
     }

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -69,6 +70,10 @@ class EmbeddingServer {
   void ResumeAt(Iteration iteration);
   // Requests still waiting (for diagnostics).
   size_t waiting() const { return waiting_.size(); }
+  // What the oldest waiting request waits for, for diagnostics: "" when none waits, else e.g.
+  // "the oldest, trainer 1's for iteration 5, waits for the write-backs of trainer 0 (in up to
+  // iteration 1, needed up to 3)".
+  std::string OldestWait() const;
 
   const RowStore& store() const { return store_; }
   RowStore& mutable_store() { return store_; }

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/status.h"
 
 namespace bagpipe {
@@ -29,6 +30,24 @@ absl::Status CheckSize(const Message& message, size_t bytes) {
   return absl::OkStatus();
 }
 
+// The next part from member m. A part that does not come within the timeout usually means that
+// the members called different collectives (one more all-reduce on some of them), which the
+// message says rather than only blaming the peer.
+absl::StatusOr<Message> ReceivePart(Transport& transport, const Group& group, int m,
+                                    absl::Duration timeout) {
+  absl::StatusOr<Message> message = transport.Receive(group.ranks[m], kTagDense, timeout);
+  if (absl::IsDeadlineExceeded(message.status())) {
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "rank %d waited %s in an all-reduce over %d members for the part of member %d (rank %d), "
+        "which did not join it: every member must call the same all-reduces (all_reduce_, "
+        "all_reduce_gradients, Trainer::AllReduce) equally often and in the same order; or "
+        "rank %d died or hung",
+        transport.rank(), absl::FormatDuration(timeout), group.size(), m, group.ranks[m],
+        group.ranks[m]));
+  }
+  return message;
+}
+
 template <typename T>
 absl::Status AllReduceSumOf(Transport& transport, const Group& group, T* data, size_t count,
                             absl::Duration timeout) {
@@ -48,7 +67,7 @@ absl::Status AllReduceSumOf(Transport& transport, const Group& group, T* data, s
   std::vector<Bytes> parts(n);
   for (int m = 0; m < n; ++m) {
     if (m == me) continue;
-    ASSIGN_OR_RETURN(Message message, transport.Receive(group.ranks[m], kTagDense, timeout));
+    ASSIGN_OR_RETURN(Message message, ReceivePart(transport, group, m, timeout));
     RETURN_IF_ERROR(CheckSize(message, my_count * sizeof(T)));
     parts[m] = std::move(message.payload);
   }
@@ -73,7 +92,7 @@ absl::Status AllReduceSumOf(Transport& transport, const Group& group, T* data, s
   for (int c = 0; c < n; ++c) {
     if (c == me) continue;
     const auto [begin, end] = Chunk(count, n, c);
-    ASSIGN_OR_RETURN(Message message, transport.Receive(group.ranks[c], kTagDense, timeout));
+    ASSIGN_OR_RETURN(Message message, ReceivePart(transport, group, c, timeout));
     RETURN_IF_ERROR(CheckSize(message, (end - begin) * sizeof(T)));
     if (end > begin) std::memcpy(data + begin, message.payload.data(), message.payload.size());
   }

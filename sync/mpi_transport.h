@@ -89,6 +89,7 @@ class MpiTransport final : public Transport {
   int size() const override { return size_; }
   absl::Status Send(int destination, int tag, Bytes payload) override;
   absl::StatusOr<Message> Receive(int source, int tag, absl::Duration timeout) override;
+  std::vector<int> SourcesWithPending(int tag) override { return mailbox_.SourcesWithPending(tag); }
   void Abort(const absl::Status& why) override;
   absl::Status aborted() const override;
   // From MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) at Create: a node is numbered by its lowest

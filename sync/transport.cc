@@ -33,6 +33,16 @@ void Mailbox::MarkGone(int source, std::string why) {
   cv_.SignalAll();
 }
 
+std::vector<int> Mailbox::SourcesWithPending(int tag) {
+  std::vector<int> sources;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, queue] : queues_) {
+    if (key.second == tag && !queue.empty()) sources.push_back(key.first);
+  }
+  std::sort(sources.begin(), sources.end());
+  return sources;
+}
+
 absl::StatusOr<Message> Mailbox::Receive(int source, int tag, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&mu_);
@@ -174,6 +184,9 @@ class InProcessHub::Endpoint final : public Transport {
 
   absl::StatusOr<Message> Receive(int source, int tag, absl::Duration timeout) override {
     return hub_->mailboxes_[rank_]->Receive(source, tag, timeout);
+  }
+  std::vector<int> SourcesWithPending(int tag) override {
+    return hub_->mailboxes_[rank_]->SourcesWithPending(tag);
   }
 
   void Abort(const absl::Status& why) override { hub_->AbortAll(why); }

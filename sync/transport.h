@@ -90,6 +90,10 @@ class Transport {
                              std::function<std::string(int rank)> describe) {}
   // The status the job was aborted with, OK if it was not.
   virtual absl::Status aborted() const = 0;
+  // The ranks with a message of `tag` delivered here and not received yet, ascending. For
+  // diagnosis: a peer that is waiting in a collective this rank has not joined has sent its
+  // part already (e.g. kTagDense).
+  virtual std::vector<int> SourcesWithPending(int tag) { return {}; }
 
   // For every rank, the machine it runs on, as a number shared by the ranks of one machine
   // (ranks that share memory). Default: every rank on one machine (threads of one process).
@@ -109,6 +113,8 @@ class Mailbox {
   // error): a Receive naming `source` that finds no message from it fails at once, naming it
   // and `why`, instead of waiting for its timeout. Messages delivered before stay receivable.
   void MarkGone(int source, std::string why);
+  // Transport::SourcesWithPending.
+  std::vector<int> SourcesWithPending(int tag);
 
  private:
   struct Pending {

@@ -203,6 +203,24 @@ def test_a_trainer_thread_that_raises_stops_the_others_with_the_root_cause():
     assert time.monotonic() - start < 30, "the job waited for a peer timeout (60 s)"
 
 
+def test_an_all_reduce_only_some_trainers_call_is_named_not_blamed_on_a_server():
+    def loop(trainer):
+        for batch in trainer:
+            zero_step(trainer)
+            if trainer.id == 0 and batch.iteration == 2:
+                trainer.all_reduce_(torch.ones(3))  # trainer 1 does not join it
+        trainer.flush()
+
+    # Whichever rank times out first names it: trainer 1 (trainer 0's part waits in its
+    # mailbox), trainer 0 (inside the all-reduce) or the server (trainer 0's write-backs).
+    with pytest.raises(bagpipe.JobError, match="all-reduce") as error:
+        with bagpipe.Job(small_config(trainers=2, peer_timeout=2)) as job:
+            job.run_trainers(loop)
+    message = str(error.value)
+    assert ("the same all-reduces" in message
+            or "an all-reduce not every trainer calls" in message), message
+
+
 def batches_for(schema, count, bad=None):
     rng = np.random.default_rng(0)
     for i in range(count):

@@ -90,6 +90,9 @@ TEST(EmbeddingServerTest, FetchWaitsForTheNamedWriteBack) {
   EXPECT_TRUE(server.TakeReady().empty());
   ASSERT_TRUE(server.HandleWriteBack(0, WriteBack{5, {8}, Record(1.0f)}).ok());
   EXPECT_TRUE(server.TakeReady().empty()) << "stamp 5 is older than the awaited 8";
+  EXPECT_EQ(server.OldestWait(),
+            "the oldest, trainer 1's for iteration 10, waits for row 8's write-back of "
+            "iteration 8 (the server holds its write-back of iteration 5)");
   ASSERT_TRUE(server.HandleWriteBack(0, WriteBack{8, {8}, Record(3.0f)}).ok());
   auto ready = server.TakeReady();
   ASSERT_EQ(ready.size(), 1u);
@@ -106,8 +109,12 @@ TEST(EmbeddingServerTest, FetchWaitsForEveryTrainerBeyondTheHorizon) {
   server.HandleFetch(0, FetchRequest{1, 25, {1}, {-1}});  // needs watermarks >= 15
   ASSERT_TRUE(server.HandleWriteBack(0, WriteBack{20, {}, {}}).ok());
   EXPECT_TRUE(server.TakeReady().empty()) << "trainer 1 has not passed iteration 15";
+  EXPECT_EQ(server.OldestWait(),
+            "the oldest, trainer 0's for iteration 25, waits for the write-backs of trainer 1 (in "
+            "up to iteration -1, needed up to 15)");
   ASSERT_TRUE(server.HandleWriteBack(1, WriteBack{15, {}, {}}).ok());
   EXPECT_EQ(server.TakeReady().size(), 1u);
+  EXPECT_EQ(server.OldestWait(), "");
 }
 
 TEST(EmbeddingServerTest, ProtocolViolationsAreDataLoss) {

@@ -306,5 +306,22 @@ TEST(CollectivesTest, MembersCallingWithDifferentTypesGetAClearError) {
   EXPECT_THAT(double_status.message(), testing::HasSubstr("different sizes or types"));
 }
 
+TEST(CollectivesTest, AMemberThatDoesNotJoinIsNamedAndItsPeersPartIsVisible) {
+  InProcessHub hub(3);
+  std::vector<float> data(6, 1.0f);
+  // Member 0 (rank 1) all-reduces; member 1 (rank 2) never does.
+  const absl::Status status = AllReduceSum(hub.endpoint(1), Group{{1, 2}, 0}, data.data(),
+                                           data.size(), absl::Milliseconds(50));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(status));
+  EXPECT_THAT(status.message(),
+              testing::AllOf(HasSubstr("rank 1 waited 50ms in an all-reduce over 2 members for "
+                                       "the part of member 1 (rank 2), which did not join it"),
+                             HasSubstr("the same all-reduces")));
+  // Rank 2 sees that rank 1 waits in a collective it has not joined; nobody else does.
+  EXPECT_EQ(hub.endpoint(2).SourcesWithPending(kTagDense), std::vector<int>{1});
+  EXPECT_TRUE(hub.endpoint(0).SourcesWithPending(kTagDense).empty());
+  EXPECT_TRUE(hub.endpoint(2).SourcesWithPending(kTagPlan).empty());
+}
+
 }  // namespace
 }  // namespace bagpipe
