@@ -96,6 +96,21 @@ _OPTION_KINDS = {
 }
 
 
+def _strict_int(value, low, high, wrong, out_of_range):
+    """``value`` as an int in [low, high]; raises ``wrong()`` for a bool, a float, a string or
+    anything else that is not an integer (int() would truncate 4.7 or parse "4"), and
+    ``out_of_range()`` outside the range."""
+    if isinstance(value, (bool, np.bool_)):
+        raise wrong()
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise wrong() from None
+    if not low <= value <= high:
+        raise out_of_range()
+    return value
+
+
 def _check_option(name, value):
     """``value`` as option ``name`` takes it; TypeError (wrong type) or ConfigError (out of
     range, NUL or a lone surrogate in a string) naming the option."""
@@ -114,16 +129,10 @@ def _check_option(name, value):
             raise wrong("a bool")
         return bool(value)
     if kind in _INT_RANGES:
-        if isinstance(value, (bool, np.bool_)):
-            raise wrong("an int")
-        try:
-            value = operator.index(value)
-        except TypeError:
-            raise wrong("an int") from None
         low, high = _INT_RANGES[kind]
-        if not low <= value <= high:
-            raise ConfigError(f"Config.{name}: {value} is out of range [{low}, {high}]")
-        return value
+        return _strict_int(value, low, high, lambda: wrong("an int"),
+                           lambda: ConfigError(f"Config.{name}: {value} is out of range "
+                                               f"[{low}, {high}]"))
     if kind == "float":
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
             raise wrong("a number")
@@ -254,20 +263,13 @@ def initial_embedding_weights(config, schema):
 
 
 def _int_argument(function, name, value, low=-2**31, high=2**31 - 1):
-    """``value`` as the int argument ``name`` of ``function``: a TypeError naming both for a
-    bool, a float, a string or anything else that is not an integer (int() would truncate 4.7 or
-    parse "4"), a ConfigError outside [low, high] (the C++ argument's range)."""
-    if not isinstance(value, (bool, np.bool_)):
-        try:
-            value = operator.index(value)
-        except TypeError:
-            pass
-        else:
-            if not low <= value <= high:
-                raise ConfigError(f"{function}: {name} = {value} is out of range [{low}, {high}]")
-            return value
-    raise TypeError(f"{function}: {name} must be an int, got {type(value).__name__} "
-                    f"{value!r:.80}")
+    """``value`` as the int argument ``name`` of ``function`` (_strict_int): a TypeError naming
+    both, or a ConfigError outside [low, high] (the C++ argument's range)."""
+    return _strict_int(
+        value, low, high,
+        lambda: TypeError(f"{function}: {name} must be an int, got {type(value).__name__} "
+                          f"{value!r:.80}"),
+        lambda: ConfigError(f"{function}: {name} = {value} is out of range [{low}, {high}]"))
 
 
 def _int_list_argument(function, name, values):
