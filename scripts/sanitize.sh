@@ -138,7 +138,9 @@ targets=(bagpipe device_test transport_test mpi_smoke_test mpi_shutdown_test pre
   embedding_server_test equivalence_test checkpoint_test dlrm_loop_test)
 cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"
 
-export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp"
+# history_size=7: the longest access history, so that the other stack of a report is restored
+# (a report whose stack is lost cannot be matched by a suppression, nor read).
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=7:suppressions=$supp/tsan.supp"
 export OPENBLAS_NUM_THREADS=1
 # Open MPI's TCP transport between the ranks of a machine instead of its shared-memory one
 # (vader): vader's uninstrumented plugin copies message fragments through memory that every

@@ -35,9 +35,14 @@ inline int RunMpiTests(int* argc, char*** argv, MpiTransport** transport) {
     delete listeners.Release(listeners.default_result_printer());
   }
   int result = RUN_ALL_TESTS();
+  // The transport ends (its sends complete, its progress thread joins) before this thread calls
+  // MPI itself: an MPI call here would progress the transport's sends still in flight, reading
+  // their payloads through Open MPI's uninstrumented TCP plugin while the progress thread frees
+  // them, a race that ThreadSanitizer cannot see ordered.
+  *transport = nullptr;
+  created->reset();
   int worst = result;
   MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  *transport = nullptr;
   return worst;
 }
 
