@@ -84,8 +84,11 @@ std::string EmbeddingServer::OldestWait() const {
   std::vector<std::string> behind;
   for (size_t t = 0; t < watermarks_.size(); ++t) {
     if (watermarks_[t] < floor) {
-      behind.push_back(absl::StrFormat("trainer %d (in up to iteration %d, needed up to %d)", t,
-                                       watermarks_[t], floor));
+      behind.push_back(
+          watermarks_[t] < 0
+              ? absl::StrFormat("trainer %d (none in yet, needed up to iteration %d)", t, floor)
+              : absl::StrFormat("trainer %d (in up to iteration %d, needed up to %d)", t,
+                                watermarks_[t], floor));
     }
   }
   std::string what;

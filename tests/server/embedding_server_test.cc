@@ -110,8 +110,13 @@ TEST(EmbeddingServerTest, FetchWaitsForEveryTrainerBeyondTheHorizon) {
   ASSERT_TRUE(server.HandleWriteBack(0, WriteBack{20, {}, {}}).ok());
   EXPECT_TRUE(server.TakeReady().empty()) << "trainer 1 has not passed iteration 15";
   EXPECT_EQ(server.OldestWait(),
+            "the oldest, trainer 0's for iteration 25, waits for the write-backs of trainer 1 "
+            "(none in yet, needed up to iteration 15)");
+  ASSERT_TRUE(server.HandleWriteBack(1, WriteBack{12, {}, {}}).ok());
+  EXPECT_TRUE(server.TakeReady().empty()) << "trainer 1 has not passed iteration 15";
+  EXPECT_EQ(server.OldestWait(),
             "the oldest, trainer 0's for iteration 25, waits for the write-backs of trainer 1 (in "
-            "up to iteration -1, needed up to 15)");
+            "up to iteration 12, needed up to 15)");
   ASSERT_TRUE(server.HandleWriteBack(1, WriteBack{15, {}, {}}).ok());
   EXPECT_EQ(server.TakeReady().size(), 1u);
   EXPECT_EQ(server.OldestWait(), "");
