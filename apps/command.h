@@ -39,6 +39,8 @@ extern const char kDataHelp[];
 // not a number"); CLI11's PositiveNumber and NonNegativeNumber print their range as 0 to 1.8e308.
 extern const CLI::Validator kPositive;
 extern const CLI::Validator kNonNegative;
+// An unsigned 64-bit integer in decimal (no sign: CLI11 would wrap -1 to 2^64 - 1).
+extern const CLI::Validator kUint64;
 
 Subcommand AddConvertCommand(CLI::App& root);
 Subcommand AddDataStatsCommand(CLI::App& root);

@@ -41,6 +41,18 @@ const CLI::Validator kPositive = NumberCheck([](double x) { return x > 0; }, "> 
 const CLI::Validator kNonNegative =
     NumberCheck([](double x) { return x >= 0; }, ">= 0", "NONNEGATIVE");
 
+const CLI::Validator kUint64(
+    [](std::string& value) -> std::string {
+      uint64_t number = 0;
+      const bool digits =
+          !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits || !absl::SimpleAtoi(value, &number)) {
+        return absl::StrCat("'", value, "' is not an integer in [0, 18446744073709551615]");
+      }
+      return "";
+    },
+    "UINT64");
+
 void AddDataFlags(CLI::App* app, DataFlags* flags) {
   app->add_option("--data", flags->data,
                   "data source: synthetic[:k=v,...], criteo:PATH, csv:PATH or bin:PATH")

@@ -78,7 +78,9 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
       "--dense-initial-accumulator",
       [flags](const float& value) { flags->config.dense_initial_accumulator = value; },
       "dense Adagrad initial accumulator (default: --initial-accumulator)");
-  app->add_option("--seed", config.seed, "parameter initialisation seed")->capture_default_str();
+  app->add_option("--seed", config.seed, "parameter initialisation seed")
+      ->capture_default_str()
+      ->check(kUint64);
   app->add_flag("--deterministic", config.deterministic,
                 "bit-identical results run to run and across cache modes (single-threaded BLAS)");
   app->add_option("--dim", config.dim, "embedding dimension")

@@ -75,7 +75,20 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenSource(std::string_view spec,
         absl::StrCat("--schema applies to csv: sources only; '", Excerpt(kind, 20),
                      ":' data have a fixed layout (leave --schema out)"));
   }
+  if (options.row_budget != 0 && kind != "criteo") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--row-budget applies to criteo: sources only; '", Excerpt(kind, 20), ":' data ",
+        kind == "csv" ? "encode categorical values with a dictionary" : "carry their own row ids",
+        " (leave --row-budget out)"));
+  }
   if (kind == "synthetic") return OpenSynthetic(rest, options);
+  if (colon == std::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data source '", Excerpt(absl::string_view(spec.data(), spec.size()), 200),
+        "' has no kind: expected synthetic[:k=v,...], criteo:PATH, csv:PATH or bin:PATH (for "
+        "a file, prefix its format, e.g. criteo:",
+        Excerpt(absl::string_view(spec.data(), spec.size()), 200), ")"));
+  }
   if (rest.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data source '", Excerpt(absl::string_view(spec.data(), spec.size()), 200),

@@ -156,6 +156,10 @@ if [[ -f "$WORK/no_dense/summary.json" ]] && ! did_its_work "$WORK/no_dense/summ
 fi
 expect_error schema_with_criteo "--schema applies to csv: sources only; 'criteo:'" \
   train --data "$CRITEO" --schema "label=x" --quiet
+expect_error row_budget_with_csv "--row-budget applies to criteo: sources only; 'csv:'" \
+  train --data "$MOVIELENS" --schema "label=rating>3.5; sparse=userId" --row-budget 10 --quiet
+expect_error data_without_kind "data source '.*criteo_kaggle_sample_100.tsv' has no kind" \
+  data-stats --data "${CRITEO#criteo:}" --quiet
 expect_error metrics_is_summary "--metrics-out and --summary-json name the same file '.*/same.json'" \
   train "${SHORT[@]}" --metrics-out "$WORK/same.json" --summary-json "$WORK/./same.json"
 
@@ -258,6 +262,33 @@ echo '{"kind":"train","iteration":"late","loss":1}' >>"$WORK/edited/metrics.json
 lines=$(wc -l <"$WORK/edited/metrics.jsonl")
 expect_error compare_bad_metrics "metrics.jsonl:$lines: metrics line: .iteration. is a string" \
   compare "$WORK/off" "$WORK/edited"
+# A summary that names a dump of other parameters (another run's, moved beside it) is refused:
+# the fingerprints differ.
+cp -r "$WORK/off" "$WORK/moved"
+rm -f "$WORK/moved/params.bin"
+python3 -c "
+import json, sys
+p = sys.argv[1]; s = json.load(open(p)); s['params'] = sys.argv[2]; json.dump(s, open(p, 'w'))" \
+  "$WORK/moved/summary.json" "$WORK/dim8/params.bin"
+expect_error compare_other_params "dim8/params.bin' holds other parameters \(sha256 [0-9a-f]+\) than the run '.*moved' finished with" \
+  compare "$WORK/off" "$WORK/moved"
+
+# Options and files a user can get wrong.
+expect_error seed_negative "'-1' is not an integer in \[0, 18446744073709551615\]" train \
+  --data "$SYN" --seed=-1 --quiet
+expect_error seed_overflow "'18446744073709551616' is not an integer in" train --data "$SYN" \
+  --seed 18446744073709551616 --quiet
+cp "${CRITEO#criteo:}" "$WORK/same.tsv"
+expect_error convert_onto_input "--out '.*same.tsv' is the input file of --data" convert \
+  --data "criteo:$WORK/same.tsv" --out "$WORK/same.tsv"
+if ! cmp -s "${CRITEO#criteo:}" "$WORK/same.tsv"; then
+  echo "FAIL convert_onto_input: the input file changed"
+  failures=$((failures + 1))
+fi
+expect_error sim_no_policy "--policies ',' names no policy" sim --data "$SYN" --cache-rows 5000 \
+  --policies , --quiet
+expect_error batch_too_large_for_default_cache "the default cache of [0-9]+ rows \(4 x --batch-size 99999999999 .*lower --batch-size" \
+  train --data "$CRITEO" --batch-size 99999999999 --quiet
 
 if [[ $failures -gt 0 ]]; then
   echo "$failures check(s) failed"
