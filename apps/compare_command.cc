@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -119,6 +120,18 @@ absl::Status RunCompare(const std::string& a_path, const std::string& b_path, bo
   if (!a.params.empty() && !b.params.empty()) {
     ASSIGN_OR_RETURN(const ParamDump dump_a, ReadParamDump(a.params));
     ASSIGN_OR_RETURN(const ParamDump dump_b, ReadParamDump(b.params));
+    // A run's summary may name a dump outside its directory (relative to where it ran): one of
+    // another run, or of this run's later resume, is not compared as this run's.
+    for (const auto& [path, run_dir, dump, sha] : {std::tuple{a.params, a_path, &dump_a, sha_a},
+                                                   std::tuple{b.params, b_path, &dump_b, sha_b}}) {
+      const std::string dumped = Text(dump->header, "sha256", "");
+      if (!sha.empty() && dumped != sha) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("'", path, "' holds other parameters (sha256 ", dumped, ") than the run '",
+                         run_dir, "' finished with (summary.json: params_sha256 ", sha,
+                         "); put the run's own params.bin in its directory"));
+      }
+    }
     const ParamComparison comparison = CompareParams(dump_a, dump_b);
     out["params"] = comparison.ToJson();
     out["identical"] = comparison.identical;

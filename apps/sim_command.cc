@@ -15,9 +15,11 @@ namespace bagpipe {
 namespace {
 
 constexpr char kSimModel[] =
-    "Model: batch-granular; a batch needs all its distinct rows resident at once; a miss is a\n"
-    "needed row that is not resident when its batch runs (one fetch); capacity counts rows\n"
-    "across all tables; one cache (one trainer). Every eviction is a write-back.\n"
+    "Model: batch-granular; a batch needs all its distinct rows resident at once (but\n"
+    "lru-32way, which like FBGEMM's cache fetches a row past the cache when its set has no\n"
+    "free way); a miss is a needed row that is not resident when its batch runs (one fetch);\n"
+    "capacity counts rows across all tables; one cache (one trainer). Every eviction is a\n"
+    "write-back.\n"
     "Policies: oracle (Bagpipe C++'s planner, Belady within the lookahead window), belady\n"
     "(full future, the offline optimum), lru, lfu (reactive, fully associative, as TorchRec/\n"
     "FBGEMM UVM caches), lru-32way (FBGEMM's set-associative shape), ttl (reference Bagpipe:\n"
@@ -81,6 +83,11 @@ Subcommand AddSimCommand(CLI::App& root) {
         for (absl::string_view p : absl::StrSplit(flags->policies, ',', absl::SkipWhitespace())) {
           options.policies.emplace_back(p);
         }
+        if (options.policies.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--policies '", flags->policies,
+              "' names no policy; expected some of oracle, belady, lru, lfu, lru-32way, ttl"));
+        }
         for (int64_t capacity : options.capacities) {
           if (capacity > std::numeric_limits<int32_t>::max()) {
             return absl::InvalidArgumentError(absl::StrCat(
@@ -99,10 +106,18 @@ Subcommand AddSimCommand(CLI::App& root) {
         auto source = WithProgress(std::move(opened), flags->data, "simulating");
         BatchStream stream(std::move(source), {flags->batch_size, 1, false});
         ASSIGN_OR_RETURN(const SimResult result, Simulate(stream, options));
+        const SourceStats read = stream.source().stats();
         if (flags->json) {
-          std::printf("%s\n", result.ToJson().dump(2).c_str());
+          nlohmann::json out = result.ToJson();
+          out["data"] = read.ToJson();
+          std::printf("%s\n", out.dump(2).c_str());
         } else {
           std::printf("%s", result.Table().c_str());
+          if (read.skipped_lines > 0) {
+            std::printf("skipped %lld bad lines%s%s\n", static_cast<long long>(read.skipped_lines),
+                        read.first_errors.empty() ? "" : "; the first: ",
+                        read.first_errors.empty() ? "" : read.first_errors[0].c_str());
+          }
         }
         if (!flags->mrc.empty()) {
           RETURN_IF_ERROR(result.WriteMrc(flags->mrc));

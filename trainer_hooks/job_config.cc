@@ -174,8 +174,19 @@ absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_si
   const int64_t rows =
       cache_rows > 0 ? cache_rows : DefaultCacheRows(schema, batch_size, layout.trainers);
   if (cache != CachePolicy::kDevice && rows > std::numeric_limits<int32_t>::max()) {
-    return Invalid("the default cache of ", rows,
-                   " rows is too large for 32-bit slots: set --cache-rows");
+    if (cache_rows > 0) {
+      return Invalid("--cache-rows ", cache_rows, ": at most 2^31 - 1 rows (32-bit slots)");
+    }
+    // The default is the larger of a fifth of the tables and 4 x the rows one trainer's batch
+    // may touch: which one is too large says what to change.
+    const bool from_batch = rows > schema.TotalRows() / 5;
+    return Invalid("the default cache of ", rows, " rows (",
+                   from_batch
+                       ? absl::StrCat("4 x --batch-size ", batch_size, " / ", layout.trainers,
+                                      " trainer(s) x ", schema.num_tables(), " tables")
+                       : absl::StrCat("a fifth of the tables' ", schema.TotalRows(), " rows"),
+                   ") is too large for 32-bit slots: ",
+                   from_batch ? "lower --batch-size, or set --cache-rows" : "set --cache-rows");
   }
 
   JobOptions options;
