@@ -363,12 +363,35 @@ absl::Status ValidateJobOptions(const JobOptions& options) {
 absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream,
                                     const SourceWrapper& wrap) {
   if (config.data.empty()) return Invalid("no data source (--data)");
-  ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source, OpenSource(config.data, config.source));
-  JobData data;
-  data.schema = source->schema();
   const bool dictionary_text =
       absl::StartsWith(config.data, "csv:") ||
       (absl::StartsWith(config.data, "criteo:") && config.source.row_budget == 0);
+  // A pipe or FIFO is read once: what needs a second pass is refused before the first one
+  // (which may take hours on a Criteo day) rather than after it.
+  if (absl::StartsWith(config.data, "csv:") || absl::StartsWith(config.data, "criteo:")) {
+    const std::string path = config.data.substr(config.data.find(':') + 1);
+    std::error_code error;
+    const auto status = std::filesystem::status(path, error);
+    const bool one_pass = !error && std::filesystem::exists(status) &&
+                          !std::filesystem::is_regular_file(status) &&
+                          !std::filesystem::is_directory(status);
+    if (one_pass && (dictionary_text || config.eval_fraction > 0)) {
+      return Invalid("--data ", config.data,
+                     ": not a regular file (a pipe, FIFO or device is read once), ", "and ",
+                     dictionary_text
+                         ? absl::StrCat(absl::StartsWith(config.data, "csv:")
+                                            ? "csv: data are"
+                                            : "criteo: data without --row-budget are",
+                                        " dictionary-encoded, which reads the data once for the "
+                                        "table sizes before training")
+                         : std::string("--eval-fraction counts the samples before training"),
+                     ": write it to a file first (bagpipe convert --data ", config.data,
+                     " --out FILE.bin reads it in one pass; then --data bin:FILE.bin)");
+    }
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source, OpenSource(config.data, config.source));
+  JobData data;
+  data.schema = source->schema();
   if (dictionary_text) {
     // Dictionary-encoded text: one pass to learn the exact table sizes.
     if (stream && wrap) source = wrap(std::move(source), "scanning for table sizes");

@@ -289,6 +289,24 @@ expect_error sim_no_policy "--policies ',' names no policy" sim --data "$SYN" --
   --policies , --quiet
 expect_error batch_too_large_for_default_cache "the default cache of [0-9]+ rows \(4 x --batch-size 99999999999 .*lower --batch-size" \
   train --data "$CRITEO" --batch-size 99999999999 --quiet
+# A pipe is read once: a dictionary-encoded pipe is refused before it is read, and convert (one
+# pass) turns it into a file that trains.
+if piped=$(cat "${CRITEO#criteo:}" | "$BAGPIPE" train --data criteo:/dev/stdin --quiet 2>&1); then
+  echo "FAIL pipe_dictionary: trained from a pipe that needs two passes"
+  failures=$((failures + 1))
+elif ! grep -q "not a regular file (a pipe, FIFO or device is read once), and criteo: data without --row-budget are dictionary-encoded" <<<"$piped"; then
+  echo "FAIL pipe_dictionary: $piped"
+  failures=$((failures + 1))
+else
+  echo "ok   pipe_dictionary"
+fi
+if cat "${CRITEO#criteo:}" | "$BAGPIPE" convert --data criteo:/dev/stdin --out "$WORK/piped.bin" \
+     --quiet >"$WORK/piped.out" 2>&1; then
+  expect_ok pipe_converted train --data "bin:$WORK/piped.bin" --batch-size 16 --dim 4 --quiet
+else
+  echo "FAIL pipe_converted: $(tail -3 "$WORK/piped.out")"
+  failures=$((failures + 1))
+fi
 
 if [[ $failures -gt 0 ]]; then
   echo "$failures check(s) failed"
