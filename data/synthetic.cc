@@ -341,11 +341,15 @@ absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
         return absl::InvalidArgumentError(
             absl::StrCat("synthetic: pooling=", Excerpt(value), " must be P or MIN-MAX"));
       }
-      ASSIGN_OR_RETURN(const int64_t first, ParseInt(key, range[0]));
-      int64_t last = first;
-      if (range.size() == 2) {
-        ASSIGN_OR_RETURN(last, ParseInt(key, range[1]));
+      // A leading '-' (pooling=-5) splits into an empty MIN: the whole value is named.
+      int64_t first = 0, last = 0;
+      if (!absl::SimpleAtoi(range[0], &first) ||
+          (range.size() == 2 && !absl::SimpleAtoi(range[1], &last))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("synthetic: pooling=", Excerpt(value),
+                         " must be P or MIN-MAX, integers with 0 <= MIN <= MAX <= 1024"));
       }
+      if (range.size() == 1) last = first;
       if (first < 0 || last < first || last > 1024) {
         return absl::InvalidArgumentError(
             absl::StrCat("synthetic: pooling=", Excerpt(value), " needs 0 <= MIN <= MAX <= 1024"));

@@ -190,6 +190,8 @@ TEST(SyntheticTest, BadSpecsNameTheProblem) {
                                          {"tables=99", "tables=99"},
                                          {"rows=10/0", ">= 1 row"},
                                          {"pooling=5-2", "pooling=5-2"},
+                                         {"pooling=-5", "pooling=-5 must be P or MIN-MAX"},
+                                         {"pooling=2-x", "pooling=2-x must be P or MIN-MAX"},
                                          {"colour=blue", "unknown key 'colour'"},
                                          {"samples", "not key=value"},
                                          {"samples=10,samples=20", "'samples' is given twice"},
