@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/excerpt.h"
@@ -27,6 +28,7 @@ namespace {
 constexpr int kFields = 1 + kCriteoDense + kCriteoTables;
 // Errors kept in SourceStats::first_errors under skip_bad_lines.
 constexpr size_t kMaxKeptErrors = 10;
+constexpr absl::string_view kUtf8Bom = "\xEF\xBB\xBF";
 
 std::string FieldName(int field) {
   if (field == 0) return "label";
@@ -40,6 +42,7 @@ struct ParsedLine {
   float dense[kCriteoDense] = {};
   uint64_t values[kCriteoTables] = {};
   uint32_t missing = 0;  // bit t: table t's value is empty
+  bool blank = false;    // an empty line (or a lone "\r"): skipped, neither a sample nor an error
   std::string error;     // empty when the line parsed
 };
 
@@ -48,6 +51,9 @@ void ParseLine(absl::string_view line, int64_t line_number, int64_t max_line_byt
                ParsedLine* out) {
   out->error.clear();
   out->missing = 0;
+  // Blank lines (a trailing one is common) are skipped; every line still counts for numbering.
+  out->blank = line.empty() || (line.size() == 1 && line[0] == '\r');
+  if (out->blank) return;
   if (static_cast<int64_t>(line.size()) > max_line_bytes) {
     out->error = absl::StrCat(line_number, ": line longer than ", max_line_bytes, " bytes");
     return;
@@ -91,6 +97,12 @@ void ParseLine(absl::string_view line, int64_t line_number, int64_t max_line_byt
       if (!text.empty()) {
         int64_t parsed = 0;
         const auto [ptr, ec] = std::from_chars(first, last, parsed);
+        if (ec == std::errc::result_out_of_range && ptr == last) {
+          out->error =
+              absl::StrCat(line_number, ":", column, ": dense field ", FieldName(field), " '",
+                           Excerpt(text), "' is out of range (dense values are 64-bit integers)");
+          return;
+        }
         if (ec != std::errc() || ptr != last) {
           out->error = absl::StrCat(line_number, ":", column, ": dense field ", FieldName(field),
                                     " '", Excerpt(text), "' is not an integer");
@@ -107,7 +119,13 @@ void ParseLine(absl::string_view line, int64_t line_number, int64_t max_line_byt
       } else {
         uint64_t parsed = 0;
         const auto [ptr, ec] = std::from_chars(first, last, parsed, 16);
-        if (ec != std::errc() || ptr != last || text.size() > 16) {
+        if (ptr == last && (ec == std::errc::result_out_of_range || text.size() > 16)) {
+          out->error =
+              absl::StrCat(line_number, ":", column, ": categorical field ", FieldName(field), " '",
+                           Excerpt(text), "' is out of range (more than 16 hex digits)");
+          return;
+        }
+        if (ec != std::errc() || ptr != last) {
           out->error =
               absl::StrCat(line_number, ":", column, ": categorical field ", FieldName(field), " '",
                            Excerpt(text), "' is not a hexadecimal value (up to 16 hex digits)");
@@ -194,9 +212,11 @@ class CriteoSource final : public SampleSource {
     }
     stream_offset_ += position_;
     position_ = 0;
+    rewound_ = true;
     line_number_ = 0;
     carry_.clear();
     eof_ = false;
+    at_start_ = true;
     cursor_ = 0;
     parsed_count_ = 0;
     return absl::OkStatus();
@@ -270,6 +290,13 @@ class CriteoSource final : public SampleSource {
         buffer_.resize(old + read);
         stats_.bytes += static_cast<int64_t>(read);
       }
+      // A UTF-8 byte order mark at the very start of the file (some exporters write one) is not
+      // part of the first label; columns on line 1 are counted after it. The first read holds
+      // at least three bytes unless the file is shorter.
+      if (at_start_) {
+        at_start_ = false;
+        if (absl::StartsWith(buffer_, kUtf8Bom)) buffer_.erase(0, kUtf8Bom.size());
+      }
       // Complete lines end at the last '\n'; at the end of the file the rest is a line too.
       size_t usable = buffer_.size();
       if (!eof_) {
@@ -312,11 +339,12 @@ class CriteoSource final : public SampleSource {
       good_.clear();
       for (size_t i = 0; i < count; ++i) {
         if (lines_[i].error.empty()) {
-          good_.push_back(i);
+          if (!lines_[i].blank) good_.push_back(i);
           continue;
         }
         std::string message = absl::StrCat(path_, ":", lines_[i].error);
         if (!options_.skip_bad_lines) return absl::InvalidArgumentError(message);
+        if (rewound_) continue;  // counted in the first pass
         ++stats_.skipped_lines;
         if (stats_.first_errors.size() < kMaxKeptErrors) {
           stats_.first_errors.push_back(std::move(message));
@@ -338,6 +366,8 @@ class CriteoSource final : public SampleSource {
   std::string buffer_;  // the block being parsed
   std::string carry_;   // a partial line left over from the previous block
   bool eof_ = false;
+  bool at_start_ = true;     // the next read is the first of the file (this epoch)
+  bool rewound_ = false;     // past the first pass: bad lines are not counted again
   int64_t line_number_ = 0;  // lines read so far this epoch
   std::vector<size_t> starts_;
   std::vector<ParsedLine> lines_;

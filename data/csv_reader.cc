@@ -79,15 +79,20 @@ std::vector<std::string> SplitTopLevel(absl::string_view text, char separator) {
   return items;
 }
 
-// Parses one RFC 4180 line into fields. On an unterminated quote returns the 1-based column of
-// the opening quote in *bad_column; on a stray character after a closing quote, that column.
-bool SplitCsvLine(absl::string_view line, std::vector<std::string>* fields, size_t* bad_column,
-                  std::string* what) {
+// Parses one RFC 4180 line into fields, and sets (*columns)[f] to the 1-based column where field
+// f starts (for messages). A quote has meaning only at the start of a field: one inside an
+// unquoted field (Com"edy) is an ordinary character, as in Python's csv module. On an
+// unterminated quote returns false with the column of the opening quote in *bad_column; on a
+// stray character after a closing quote, that character's column.
+bool SplitCsvLine(absl::string_view line, std::vector<std::string>* fields,
+                  std::vector<size_t>* columns, size_t* bad_column, std::string* what) {
   fields->clear();
+  columns->clear();
   std::string field;
   size_t i = 0;
   while (true) {
     field.clear();
+    columns->push_back(i + 1);
     if (i < line.size() && line[i] == '"') {
       const size_t open = i;
       ++i;
@@ -128,10 +133,32 @@ bool SplitCsvLine(absl::string_view line, std::vector<std::string>* fields, size
   return true;
 }
 
-absl::StatusOr<int> FindColumn(const std::vector<std::string>& header, absl::string_view name,
+// Where the spec's columns are looked up: the header's fields and "FILE:LINE" of the header line.
+struct Header {
+  const std::vector<std::string>& names;
+  std::string where;
+};
+
+// The index of the column `name` in the header. A name the header holds more than once is an
+// error (which column was meant is unknown); duplicates the spec does not name are allowed.
+absl::StatusOr<int> FindColumn(const Header& header_info, absl::string_view name,
                                absl::string_view clause) {
-  for (size_t c = 0; c < header.size(); ++c) {
-    if (header[c] == name) return static_cast<int>(c);
+  const std::vector<std::string>& header = header_info.names;
+  const auto found = std::find(header.begin(), header.end(), name);
+  if (found != header.end()) {
+    std::vector<std::string> at;
+    constexpr size_t kListed = 10;
+    size_t count = 0;
+    for (auto it = found; it != header.end(); it = std::find(it + 1, header.end(), name)) {
+      if (++count <= kListed) at.push_back(absl::StrCat(it - header.begin() + 1));
+    }
+    if (count == 1) return static_cast<int>(found - header.begin());
+    std::string listed = count == 2 ? absl::StrCat(at[0], " and ", at[1]) : absl::StrJoin(at, ", ");
+    if (count > kListed) absl::StrAppend(&listed, ", ... (", count, " times)");
+    return absl::InvalidArgumentError(
+        absl::StrCat(header_info.where, ": column '", Excerpt(name),
+                     "' is ambiguous: the header has it at columns ", listed, " (csv spec clause '",
+                     Excerpt(clause, 200), "'; rename the duplicates)"));
   }
   // The header may be hostile too: list the first columns, each cut short, up to a total length.
   constexpr size_t kListedBytes = 600;
@@ -158,8 +185,8 @@ bool Call(absl::string_view item, absl::string_view fn, absl::string_view* args)
   return true;
 }
 
-absl::Status ParseLabel(absl::string_view value, absl::string_view clause,
-                        const std::vector<std::string>& header, Spec* spec) {
+absl::Status ParseLabel(absl::string_view value, absl::string_view clause, const Header& header,
+                        Spec* spec) {
   const size_t op_begin = value.find_first_of("<>=!");
   const absl::string_view column = absl::StripAsciiWhitespace(value.substr(0, op_begin));
   ASSIGN_OR_RETURN(spec->label_column, FindColumn(header, column, clause));
@@ -198,7 +225,7 @@ absl::Status ParseLabel(absl::string_view value, absl::string_view clause,
   return absl::OkStatus();
 }
 
-absl::StatusOr<Spec> ParseSpec(absl::string_view text, const std::vector<std::string>& header) {
+absl::StatusOr<Spec> ParseSpec(absl::string_view text, const Header& header) {
   Spec spec;
   if (absl::StripAsciiWhitespace(text).empty()) {
     return absl::InvalidArgumentError(
@@ -271,25 +298,37 @@ class CsvSource final : public SampleSource {
 
   // Reads the header and the spec; called once by OpenCsv.
   absl::Status Init() {
+    // The header is the first line that is not blank.
     std::string header_line;
-    ASSIGN_OR_RETURN(const bool has_header, NextLine(&header_line));
-    if (!has_header) {
-      return absl::InvalidArgumentError(absl::StrCat("csv: '", path_, "' is empty"));
+    while (true) {
+      ASSIGN_OR_RETURN(const bool has_header, NextLine(&header_line));
+      if (!has_header) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("csv: '", path_, "' ",
+                         line_number_ > 0 ? "has only blank lines (no header)" : "is empty"));
+      }
+      // A UTF-8 byte order mark (spreadsheet exports) is not part of the first column's name.
+      if (line_number_ == 1 && absl::StartsWith(header_line, kUtf8Bom)) {
+        header_line.erase(0, kUtf8Bom.size());
+      }
+      if (!header_line.empty()) break;
     }
-    // A UTF-8 byte order mark (spreadsheet exports) is not part of the first column's name.
-    if (absl::StartsWith(header_line, kUtf8Bom)) header_line.erase(0, kUtf8Bom.size());
+    header_line_number_ = line_number_;
     size_t bad_column = 0;
     std::string what;
-    if (!SplitCsvLine(header_line, &header_, &bad_column, &what)) {
-      return absl::InvalidArgumentError(absl::StrCat(path_, ":1:", bad_column, ": ", what));
+    if (!SplitCsvLine(header_line, &header_, &columns_, &bad_column, &what)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ":", header_line_number_, ":", bad_column, ": ", what));
     }
-    ASSIGN_OR_RETURN(spec_, ParseSpec(options_.schema, header_));
+    ASSIGN_OR_RETURN(
+        spec_,
+        ParseSpec(options_.schema, Header{header_, absl::StrCat(path_, ":", header_line_number_)}));
     schema_.dense_names = spec_.dense_names;
     schema_.table_names = spec_.table_names;
     schema_.table_rows.assign(spec_.sparse.size(), 1);
     dictionaries_.resize(spec_.sparse.size());
     data_start_ = file_offset_;
-    ++stats_.lines;
+    stats_.lines += line_number_;
     return absl::OkStatus();
   }
 
@@ -313,9 +352,12 @@ class CsvSource final : public SampleSource {
       ASSIGN_OR_RETURN(const bool more, NextLine(&line));
       if (!more) break;
       ++stats_.lines;
+      // Blank lines (a trailing one is common) are neither samples nor bad lines.
+      if (line.empty()) continue;
       const absl::Status parsed = ParseRecord(line, batch, &table_ids, &table_sizes);
       if (!parsed.ok()) {
         if (!options_.skip_bad_lines) return parsed;
+        if (rewound_) continue;  // counted in the first pass
         ++stats_.skipped_lines;
         if (stats_.first_errors.size() < kMaxKeptErrors) {
           stats_.first_errors.emplace_back(parsed.message());
@@ -351,7 +393,8 @@ class CsvSource final : public SampleSource {
     }
     stream_offset_ += position_;
     position_ = 0;
-    line_number_ = 1;
+    rewound_ = true;
+    line_number_ = header_line_number_;
     block_.clear();
     block_pos_ = 0;
     file_offset_ = data_start_;
@@ -433,23 +476,16 @@ class CsvSource final : public SampleSource {
                            std::vector<std::vector<int64_t>>* table_sizes) {
     size_t bad_column = 0;
     std::string what;
-    if (!SplitCsvLine(line, &fields_, &bad_column, &what)) return LineError(bad_column, what);
+    if (!SplitCsvLine(line, &fields_, &columns_, &bad_column, &what)) {
+      return LineError(bad_column, what);
+    }
     if (fields_.size() != header_.size()) {
       return LineError(line.size() + 1,
                        absl::StrCat("expected ", header_.size(), " comma-separated fields, found ",
                                     fields_.size()));
     }
     // Column of each field's start, for messages (quotes make it differ from the text offset).
-    auto column_of = [&](int field) {
-      size_t column = 1;
-      int seen = 0;
-      bool quoted = false;
-      for (size_t i = 0; i < line.size() && seen < field; ++i, ++column) {
-        if (line[i] == '"') quoted = !quoted;
-        if (line[i] == ',' && !quoted) ++seen;
-      }
-      return column;
-    };
+    auto column_of = [&](int field) { return columns_[field]; };
     // A finite number (inf, -inf and 1e400 are refused: they would make the loss NaN).
     auto number = [&](int field, absl::string_view role, double* out) -> absl::Status {
       const std::string& text = fields_[field];
@@ -569,15 +605,18 @@ class CsvSource final : public SampleSource {
   SourceStats stats_;
   std::vector<absl::flat_hash_map<std::string, int64_t>> dictionaries_;
   std::vector<std::string> fields_;  // scratch
+  std::vector<size_t> columns_;      // scratch: the column where each of fields_ starts
 
   std::string block_;
   size_t block_pos_ = 0;
   bool eof_ = false;
-  int64_t file_offset_ = 0;    // of block_[block_pos_]
-  int64_t data_start_ = 0;     // of the first line after the header
-  int64_t line_number_ = 0;    // of the line last returned by NextLine
-  int64_t position_ = 0;       // samples returned this epoch
-  int64_t stream_offset_ = 0;  // samples of previous epochs
+  int64_t file_offset_ = 0;         // of block_[block_pos_]
+  int64_t data_start_ = 0;          // of the first line after the header
+  int64_t header_line_number_ = 1;  // blank lines may precede the header
+  int64_t line_number_ = 0;         // of the line last returned by NextLine
+  int64_t position_ = 0;            // samples returned this epoch
+  int64_t stream_offset_ = 0;       // samples of previous epochs
+  bool rewound_ = false;            // past the first pass: bad lines are not counted again
 };
 
 }  // namespace

@@ -1,6 +1,9 @@
 // CSV reader with a column spec.
 //
-// The file has a header line naming its columns (RFC 4180 quoting: "a,b" and "" inside quotes).
+// The file has a header line naming its columns (RFC 4180 quoting: "a,b" and "" inside quotes;
+// a quote only opens a quoted field at the field's start, and inside an unquoted field, as in
+// Com"edy, it is an ordinary character). Blank lines (empty, or a lone "\r") are skipped
+// anywhere, before the header too; messages give the lines' true numbers.
 // The spec (SourceOptions::schema) says how columns become a sample, clauses separated by ';':
 //   label=COL            the label is COL's numeric value, in [0, 1]
 //   label=COL>X          1 when COL > X else 0 (also >=, <, <=, ==)
@@ -11,7 +14,9 @@
 //                        multi-hot bag of the values separated by '|'
 // Example (MovieLens): "label=rating>3.5; dense=year; sparse=userId,movieId,genres".
 // Errors name the file, line and column, or the spec clause (unknown column, bad operator), and
-// echo values as short escaped excerpts. A UTF-8 byte order mark before the header is skipped;
+// echo values as short escaped excerpts. A column named more than once in the header is an error
+// if the spec uses that name (ambiguous, naming the header line and the columns); a duplicate the
+// spec does not use is accepted. A UTF-8 byte order mark before the header is skipped;
 // CR LF line endings are accepted; a file with a header but no (valid) data line is an error.
 #ifndef BAGPIPE_DATA_CSV_READER_H_
 #define BAGPIPE_DATA_CSV_READER_H_

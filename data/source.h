@@ -9,8 +9,10 @@
 // A source is single-threaded from the caller's view (it may parallelise internally with TBB).
 // Errors in the data are reported with file, line and column (record index for binary files),
 // with any echoed value cut to a short escaped excerpt (core/excerpt.h); with skip_bad_lines the
-// bad line is counted in SourceStats and skipped instead. A text source whose first epoch holds
-// no valid line is an error naming the file. Labels are in [0, 1] and dense values finite.
+// bad line is counted in SourceStats and skipped instead. Blank lines (empty, or a lone "\r") are
+// skipped by the text readers, neither samples nor bad lines; line numbers in messages stay the
+// lines' true numbers in the file. A text source whose first epoch holds no valid line is an
+// error naming the file. Labels are in [0, 1] and dense values finite.
 #ifndef BAGPIPE_DATA_SOURCE_H_
 #define BAGPIPE_DATA_SOURCE_H_
 
@@ -27,10 +29,12 @@
 namespace bagpipe {
 
 struct SourceStats {
-  int64_t samples = 0;        // samples returned so far (all epochs)
-  int64_t bytes = 0;          // input bytes consumed (text and binary readers)
-  int64_t lines = 0;          // text lines read, including skipped ones and the CSV header
-  int64_t skipped_lines = 0;  // bad lines skipped under skip_bad_lines
+  int64_t samples = 0;  // samples returned so far (all epochs)
+  int64_t bytes = 0;    // input bytes consumed (text and binary readers)
+  int64_t lines = 0;    // text lines read, including blank, skipped and CSV header lines
+  // Bad lines skipped under skip_bad_lines, counted in the first pass over the data (a rewound
+  // source skips them again without counting them twice).
+  int64_t skipped_lines = 0;
   // The first few skipped lines' errors, for the report.
   std::vector<std::string> first_errors;
   nlohmann::json ToJson() const;

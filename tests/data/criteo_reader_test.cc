@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -255,6 +256,116 @@ TEST(CriteoReaderTest, NonIntegerDenseNamesLineAndColumn) {
   EXPECT_THAT(status.message(), HasSubstr("I1 '2.5' is not an integer"));
 }
 
+TEST(CriteoReaderTest, DenseIntegersOutsideInt64AreOutOfRange) {
+  for (const std::string value :
+       {"99999999999999999999", "-99999999999999999999", "9223372036854775808"}) {
+    const std::string path = WriteFile("dense_range.tsv", Line() + "\n" + Line(1, value) + "\n");
+    const absl::Status status = ReadError(path);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << value;
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr(path + ":2:3: dense field I1 '" + value + "' is out of range"))
+        << value;
+  }
+  // The int64 limits themselves are values; a long number with a stray character is not one.
+  auto source = Open(WriteFile("dense_limits.tsv", Line(1, "9223372036854775807") + "\n" +
+                                                       Line(1, "-9223372036854775808") + "\n"));
+  const Batch all = ReadAll(*source, 10);
+  ASSERT_EQ(all.num_samples, 2);
+  EXPECT_FLOAT_EQ(all.dense[0], std::log1p(9223372036854775807.0));
+  EXPECT_EQ(all.dense[kCriteoDense], 0.0f);
+  const std::string path = WriteFile("dense_junk.tsv", Line(1, "99999999999999999999x") + "\n");
+  EXPECT_THAT(std::string(ReadError(path).message()),
+              HasSubstr(":1:3: dense field I1 '99999999999999999999x' is not an integer"));
+}
+
+TEST(CriteoReaderTest, CategoricalsOfMoreThan16HexDigitsAreOutOfRange) {
+  const std::string before = Line().substr(0, Line().find("0000abcd"));
+  for (const std::string value : {"1ffffffffffffffff", "0000000000000000ab"}) {
+    const std::string path = WriteFile("hex_range.tsv", Line(1, "3", value) + "\n");
+    EXPECT_THAT(std::string(ReadError(path).message()),
+                HasSubstr(absl::StrCat(path, ":1:", before.size() + 1, ": categorical field C1 '",
+                                       value, "' is out of range (more than 16 hex digits)")))
+        << value;
+  }
+  auto source = Open(WriteFile("hex_max.tsv", Line(1, "3", "ffffffffffffffff") + "\n"));
+  EXPECT_EQ(ReadAll(*source, 10).num_samples, 1);
+  const std::string path = WriteFile("hex_junk.tsv", Line(1, "3", "1ffffffffffffffffz") + "\n");
+  EXPECT_THAT(std::string(ReadError(path).message()),
+              HasSubstr("C1 '1ffffffffffffffffz' is not a hexadecimal value"));
+}
+
+TEST(CriteoReaderTest, BlankLinesAreSkippedAnywhere) {
+  // Empty lines and lone "\r" lines: before, between and after the data.
+  const std::string path = WriteFile("blank.tsv", "\n" + Line(1) + "\n\n\r\n" + Line(0) + "\n\n\n");
+  auto source = Open(path);
+  const Batch all = ReadAll(*source, 10);
+  EXPECT_EQ(all.labels, (std::vector<float>{1, 0}));
+  SourceStats stats = source->stats();
+  EXPECT_EQ(stats.samples, 2);
+  EXPECT_EQ(stats.lines, 7);  // every line read, blank ones included
+  EXPECT_EQ(stats.skipped_lines, 0);
+  // The next epoch reads the same samples.
+  ASSERT_TRUE(source->Rewind().ok());
+  EXPECT_EQ(ReadAll(*source, 1).labels, (std::vector<float>{1, 0}));
+
+  // A file that ends with blank lines reads as the file without them.
+  std::ifstream in(kFixture, std::ios::binary);
+  const std::string fixture((std::istreambuf_iterator<char>(in)), {});
+  auto plain = Open(kFixture);
+  auto trailing = Open(WriteFile("trailing.tsv", fixture + "\n\n"));
+  EXPECT_TRUE(ReadAll(*plain, 64) == ReadAll(*trailing, 64));
+  EXPECT_EQ(trailing->stats().skipped_lines, 0);
+
+  // Later errors keep the true line number.
+  const std::string bad = WriteFile("blank_bad.tsv", "\n\n" + Line() + "\n\n" + Line(2) + "\n");
+  EXPECT_THAT(std::string(ReadError(bad).message()),
+              HasSubstr(bad + ":5:1: label '2' must be 0 or 1"));
+
+  // Under skip_bad_lines a blank line is not a bad line.
+  SourceOptions options;
+  options.skip_bad_lines = true;
+  source = Open(WriteFile("blank_skip.tsv", Line() + "\n\n" + Line(3) + "\n\n" + Line(0) + "\n"),
+                options);
+  EXPECT_EQ(ReadAll(*source, 10).num_samples, 2);
+  stats = source->stats();
+  EXPECT_EQ(stats.skipped_lines, 1);
+  ASSERT_EQ(stats.first_errors.size(), 1u);
+  EXPECT_THAT(stats.first_errors[0], HasSubstr(":3:1: label '3'"));
+
+  // A line of spaces or tabs is not blank; a file of blank lines only has no data.
+  const std::string spaces = WriteFile("spaces.tsv", Line() + "\n \n");
+  EXPECT_THAT(std::string(ReadError(spaces).message()),
+              HasSubstr(spaces + ":2:2: expected 40 tab-separated fields, found 1"));
+  const std::string only = WriteFile("only_blank.tsv", "\n\r\n\n");
+  EXPECT_THAT(std::string(ReadError(only).message()),
+              HasSubstr("criteo: '" + only + "' has no data lines"));
+}
+
+TEST(CriteoReaderTest, AByteOrderMarkAtTheStartIsSkipped) {
+  const std::string bom = "\xEF\xBB\xBF";
+  std::ifstream in(kFixture, std::ios::binary);
+  const std::string fixture((std::istreambuf_iterator<char>(in)), {});
+  auto plain = Open(kFixture);
+  auto marked = Open(WriteFile("bom_fixture.tsv", bom + fixture));
+  const Batch expected = ReadAll(*plain, 64);
+  EXPECT_TRUE(expected == ReadAll(*marked, 64));
+  // Every epoch starts after it.
+  ASSERT_TRUE(marked->Rewind().ok());
+  ASSERT_TRUE(plain->Rewind().ok());
+  EXPECT_TRUE(ReadAll(*plain, 64) == ReadAll(*marked, 64));
+
+  // Columns on line 1 are counted after the mark.
+  const std::string path = WriteFile("bom_error.tsv", bom + Line(1, "2.5") + "\n");
+  EXPECT_THAT(std::string(ReadError(path).message()),
+              HasSubstr(path + ":1:3: dense field I1 '2.5' is not an integer"));
+  // A mark on a line of its own leaves a blank line; a doubled mark is data.
+  auto own_line = Open(WriteFile("bom_line.tsv", bom + "\n" + Line() + "\n"));
+  EXPECT_EQ(ReadAll(*own_line, 10).num_samples, 1);
+  const std::string twice = WriteFile("bom_twice.tsv", bom + bom + Line() + "\n");
+  EXPECT_THAT(std::string(ReadError(twice).message()),
+              HasSubstr(twice + ":1:1: label '\\xef\\xbb\\xbf\\x31' must be 0 or 1"));
+}
+
 TEST(CriteoReaderTest, BadLabelIsAnError) {
   const std::string path = WriteFile("label.tsv", Line(2) + "\n");
   EXPECT_THAT(ReadError(path).message(), HasSubstr(path + ":1:1: label '2' must be 0 or 1"));
@@ -294,6 +405,11 @@ TEST(CriteoReaderTest, SkipBadLinesCountsAndKeepsErrors) {
   EXPECT_THAT(stats.first_errors[1], HasSubstr(path + ":4:"));
   EXPECT_THAT(stats.first_errors[2], HasSubstr("CRLF"));
   EXPECT_EQ(all.labels, (std::vector<float>{1, 1, 0}));
+  // A second epoch skips the same lines without counting them again.
+  ASSERT_TRUE(source->Rewind().ok());
+  EXPECT_EQ(ReadAll(*source, 2).num_samples, 3);
+  EXPECT_EQ(source->stats().skipped_lines, 3);
+  EXPECT_EQ(source->stats().first_errors.size(), 3u);
 }
 
 TEST(CriteoReaderTest, EchoedValuesAreShortAndEscaped) {
@@ -309,9 +425,10 @@ TEST(CriteoReaderTest, EchoedValuesAreShortAndEscaped) {
               HasSubstr(":1:3: dense field I1 '4\\x00' is not an integer"));
   path = WriteFile("cr.tsv", Line(1, "3", "ab\rcd") + "\n");
   EXPECT_THAT(std::string(ReadError(path).message()), HasSubstr("C1 'ab\\rcd'"));
-  path = WriteFile("bom.tsv", "\xEF\xBB\xBF" + Line() + "\n");
+  // A byte order mark after the start of the file is data.
+  path = WriteFile("bom.tsv", Line() + "\n\xEF\xBB\xBF" + Line() + "\n");
   EXPECT_THAT(std::string(ReadError(path).message()),
-              HasSubstr(":1:1: label '\\xef\\xbb\\xbf\\x31' must be 0 or 1"));
+              HasSubstr(":2:1: label '\\xef\\xbb\\xbf\\x31' must be 0 or 1"));
 }
 
 TEST(CriteoReaderTest, LinesLongerThanTheLimitAreRefused) {

@@ -189,6 +189,111 @@ TEST(CsvReaderTest, SpecErrors) {
   EXPECT_THAT(status.message(), HasSubstr("split(COLUMN,SEPARATOR)"));
 }
 
+TEST(CsvReaderTest, ASpecNamingADuplicatedColumnIsAmbiguous) {
+  const std::string path =
+      WriteFile("dup.csv", "userId,userId,movieId,genres,year,rating\n1,2,3,Comedy,1995,4\n");
+  absl::Status status = OpenCsv(path, Spec("label=rating>3.5; sparse=userId")).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr(path + ":1: column 'userId' is ambiguous: the header has it at columns 1 "
+                               "and 2 (csv spec clause 'sparse=userId'"));
+  // In every clause and form: the label, dense, log(C), split(C,SEP).
+  for (const std::string spec :
+       {"label=userId>1", "label=rating>3.5; dense=userId", "label=rating>3.5; dense=log(userId)",
+        "label=rating>3.5; sparse=split(userId,|)"}) {
+    status = OpenCsv(path, Spec(spec)).status();
+    EXPECT_THAT(std::string(status.message()), HasSubstr(":1: column 'userId' is ambiguous"))
+        << spec;
+  }
+  // A duplicate the spec does not name is accepted.
+  auto source = Open(path, Spec("label=rating>3.5; dense=year; sparse=movieId,genres"));
+  EXPECT_EQ(ReadAll(*source, 10).num_samples, 1);
+  // Three or more: all are listed, the header's line is its true line.
+  const std::string three = WriteFile("dup3.csv", "\n\na,b,a,c,a\n1,2,3,4,5\n");
+  EXPECT_THAT(
+      std::string(OpenCsv(three, Spec("label=a")).status().message()),
+      HasSubstr(three + ":3: column 'a' is ambiguous: the header has it at columns 1, 3, 5"));
+}
+
+TEST(CsvReaderTest, BlankLinesAreSkippedAnywhere) {
+  // Empty lines and lone "\r" lines: before the header, between and after the data.
+  const std::string path = WriteFile("blank.csv", "\n\r\na,b\n\n1,x\n\r\n\n0,y\n\n");
+  auto source = Open(path, Spec("label=a; sparse=b"));
+  EXPECT_EQ(ReadAll(*source, 10).labels, (std::vector<float>{1, 0}));
+  SourceStats stats = source->stats();
+  EXPECT_EQ(stats.samples, 2);
+  EXPECT_EQ(stats.lines, 9);  // every line read, blank ones and the header included
+  EXPECT_EQ(stats.skipped_lines, 0);
+  // The next epoch reads the same samples, and numbers its lines the same.
+  ASSERT_TRUE(source->Rewind().ok());
+  EXPECT_EQ(ReadAll(*source, 1).labels, (std::vector<float>{1, 0}));
+
+  // A one-column file too: a blank line is not a record with one empty field.
+  source = Open(WriteFile("one_column.csv", "a\n1\n\n0\n\n"), Spec("label=a"));
+  EXPECT_EQ(ReadAll(*source, 10).labels, (std::vector<float>{1, 0}));
+
+  // Later errors keep the true line number, in every epoch.
+  const std::string bad = WriteFile("blank_bad.csv", "\na,b\n\n1,x\n\nz,y\n");
+  EXPECT_THAT(std::string(ReadError(bad, Spec("label=a; sparse=b")).message()),
+              HasSubstr(bad + ":6:1: label column 'a': 'z' is not a number"));
+  SourceOptions options = Spec("label=a; sparse=b");
+  options.skip_bad_lines = true;
+  source = Open(bad, options);
+  EXPECT_EQ(ReadAll(*source, 10).num_samples, 1);
+  ASSERT_TRUE(source->Rewind().ok());
+  EXPECT_EQ(ReadAll(*source, 10).num_samples, 1);
+  stats = source->stats();
+  // Line 6, skipped in each epoch, counted in the first; the blank lines are not bad lines.
+  EXPECT_EQ(stats.skipped_lines, 1);
+  ASSERT_EQ(stats.first_errors.size(), 1u);
+  EXPECT_THAT(stats.first_errors[0], HasSubstr(bad + ":6:1:"));
+
+  // A header line's errors name its true line too.
+  const std::string header = WriteFile("blank_header.csv", "\n\n\"a,b\n1,x\n");
+  EXPECT_THAT(std::string(OpenCsv(header, Spec("label=a")).status().message()),
+              HasSubstr(header + ":3:1: unterminated quote"));
+
+  // A line of spaces is not blank; blank lines alone are no header; a header and blank lines
+  // are no data.
+  const std::string spaces = WriteFile("spaces.csv", "a,b\n1,x\n \n");
+  EXPECT_THAT(std::string(ReadError(spaces, Spec("label=a; sparse=b")).message()),
+              HasSubstr(spaces + ":3:"));
+  const std::string only = WriteFile("only_blank.csv", "\n\r\n\n");
+  EXPECT_THAT(std::string(OpenCsv(only, Spec("label=a")).status().message()),
+              HasSubstr("csv: '" + only + "' has only blank lines (no header)"));
+  const std::string no_data = WriteFile("no_data.csv", "a,b\n\n\r\n");
+  EXPECT_THAT(std::string(ReadError(no_data, Spec("label=a; sparse=b")).message()),
+              HasSubstr("csv: '" + no_data + "' has a header but no data lines"));
+}
+
+TEST(CsvReaderTest, AQuoteInsideAnUnquotedFieldIsAnOrdinaryCharacter) {
+  const SourceOptions options = Spec("label=f>3; dense=e; sparse=d");
+  // The quote is kept literally: Com"edy is one value, and the fields after it are where the
+  // commas say.
+  auto source = Open(WriteFile("stray.csv",
+                               "a,b,c,d,e,f\n1,2,3,Com\"edy,1995,4\n"
+                               "1,2,3,\"Com\"\"edy\",1996,3\n1,2,3,x\"y\",1997,5\n"),
+                     options);
+  const Batch all = ReadAll(*source, 10);
+  EXPECT_EQ(all.labels, (std::vector<float>{1, 0, 1}));
+  EXPECT_EQ(all.dense, (std::vector<float>{1995, 1996, 1997}));
+  EXPECT_EQ(all.ids, (std::vector<int64_t>{1, 1, 2}));  // "Com""edy" quoted is Com"edy too
+
+  // Errors after such a field name the right column: abc starts at column 15.
+  std::string path = WriteFile("stray_bad.csv", "a,b,c,d,e,f\n1,2,3,Com\"edy,abc,3\n");
+  EXPECT_THAT(std::string(ReadError(path, options).message()),
+              HasSubstr(path + ":2:15: dense column 'e': 'abc' is not a number"));
+  // ... and after quoted fields holding commas and doubled quotes.
+  const std::string line = "1,\"x,\"\"y\",3,Co\"m\"edy,abc,3";
+  path = WriteFile("stray_bad2.csv", "a,b,c,d,e,f\n" + line + "\n");
+  EXPECT_THAT(std::string(ReadError(path, options).message()),
+              HasSubstr(absl::StrCat(path, ":2:", line.find("abc") + 1, ": dense column 'e'")));
+  // A quoted field must end at its closing quote.
+  path = WriteFile("after_quote.csv", "a,b,c,d,e,f\n1,2,3,\"Com\"edy,1995,3\n");
+  EXPECT_THAT(std::string(ReadError(path, options).message()),
+              HasSubstr(path + ":2:12: unexpected character 'e' after a closing quote"));
+}
+
 TEST(CsvReaderTest, FileErrors) {
   EXPECT_EQ(OpenCsv("/nonexistent.csv", Spec("label=a")).status().code(),
             absl::StatusCode::kNotFound);
