@@ -141,8 +141,11 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
               std::string(CachePolicyName(config.cache)).c_str(),
               static_cast<long long>(iterations), summary["train_seconds"].get<double>(),
               summary["samples_per_s"].get<double>(), summary["ms_per_iteration"].get<double>());
-  std::printf("  train loss %.5f, hit rate %.1f%%, fetched %.1f MB, written back %.1f MB\n",
-              summary["train_loss"].get<double>(), 100 * summary["hit_rate"].get<double>(),
+  const nlohmann::json& loss = summary["train_loss"];
+  std::printf("  train loss %s, hit rate %.1f%%, fetched %.1f MB, written back %.1f MB\n",
+              loss.is_number() ? absl::StrFormat("%.5f", loss.get<double>()).c_str()
+                               : "- (no iteration trained)",
+              100 * summary["hit_rate"].get<double>(),
               summary["fetched_bytes"].get<int64_t>() / 1e6,
               summary["written_back_bytes"].get<int64_t>() / 1e6);
   if (summary.contains("eval")) {
@@ -151,6 +154,24 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
                 summary["eval"]["log_loss"].get<double>(), summary["eval"]["auc"].get<double>());
   }
   std::printf("  parameters sha256 %s\n", summary["params_sha256"].get<std::string>().c_str());
+  // --skip-bad-lines: what was skipped (summary.json: oracle.data and oracle.eval_data). Both
+  // streams read the file from its start (the evaluation range reads past the training part),
+  // so the larger count is the file's.
+  const nlohmann::json* read = nullptr;
+  int64_t skipped = 0;
+  for (const nlohmann::json* stats : {&result.oracle.data, &result.oracle.eval_data}) {
+    const int64_t here = stats->is_object() ? stats->value("skipped_lines", int64_t{0}) : 0;
+    if (here > skipped) {
+      skipped = here;
+      read = stats;
+    }
+  }
+  if (read != nullptr) {
+    const nlohmann::json& first = (*read)["first_errors"];
+    std::printf("  skipped %lld bad lines of the data%s%s\n", static_cast<long long>(skipped),
+                first.empty() ? "" : "; the first: ",
+                first.empty() ? "" : first[0].get<std::string>().c_str());
+  }
   return absl::OkStatus();
 }
 

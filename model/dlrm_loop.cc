@@ -218,7 +218,8 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
             {{"kind", "train"},
              {"iteration", first_iteration + iterations},
              {"samples", global_samples},
-             {"loss", last_loss},
+             // No sample in the interval (a resume with no iteration left): no loss.
+             {"loss", sums[1] > 0 ? nlohmann::json(last_loss) : nlohmann::json(nullptr)},
              {"samples_per_s", samples_per_s},
              {"hit_rate", hit_rate},
              {"seconds", total_watch.Seconds()},
@@ -297,7 +298,9 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
   ASSIGN_OR_RETURN(optimizer_seconds, optimizer_events.Seconds(/*wait=*/true));
   const PhaseTimes totals =
       PhaseTimes::FromStats(trainer.stats(), forward_backward_seconds, optimizer_seconds);
-  outcome->info["train_loss"] = last_loss;
+  // A job that trained no iteration (resumed at its last) has no training loss.
+  outcome->info["train_loss"] =
+      iterations > 0 ? nlohmann::json(last_loss) : nlohmann::json(nullptr);
   outcome->info["iterations"] = iterations;
   outcome->info["samples"] = samples;
   outcome->info["seconds"] = train_seconds;

@@ -123,7 +123,10 @@ absl::StatusOr<nlohmann::json> RunRecorder::Finish(const JobResult& result, cons
       {"job_seconds", result.seconds},
       {"samples_per_s", train_seconds > 0 ? samples / train_seconds : 0.0},
       {"ms_per_iteration", iterations > 0 ? 1e3 * train_seconds / iterations : 0.0},
-      {"train_loss", info.value("train_loss", 0.0)},
+      // null where no iteration was trained (a resume at the job's last iteration).
+      {"train_loss", info.contains("train_loss") && info["train_loss"].is_number()
+                         ? info["train_loss"]
+                         : nlohmann::json(iterations > 0 ? nlohmann::json(0.0) : nullptr)},
       {"hit_rate", total.hit_rate()},
       {"fills", total.fills},
       {"evictions", total.evictions},

@@ -22,6 +22,8 @@ nlohmann::json OracleRoleStats::ToJson() const {
           {"credit_wait_seconds", credit_wait_seconds},
           {"planner", planner},
           {"checkpoint", checkpoint.ToJson()},
+          {"data", data},
+          {"eval_data", eval_data},
           {"stopped_at", stopped_at},
           {"stop_signal", stop_signal}};
 }
@@ -276,6 +278,9 @@ absl::Status RunOracle(Transport& transport, const JobLayout& layout, BatchStrea
   OracleRoleStats local;
   OracleRunner runner(transport, layout, options, stats != nullptr ? stats : &local);
   absl::Status status = runner.Run(train, eval);
+  OracleRoleStats& out = stats != nullptr ? *stats : local;
+  out.data = train.source().stats().ToJson();
+  if (eval != nullptr) out.eval_data = eval->source().stats().ToJson();
   if (!status.ok()) {
     status = Annotate(status, "oracle (rank 0)");
     transport.Abort(status);

@@ -46,6 +46,11 @@ struct OracleRoleStats {
   double credit_wait_seconds = 0;  // time waiting for trainers to consume plans
   nlohmann::json planner;          // the planner's own statistics (summed over segments)
   CheckpointStats checkpoint;
+  // What the reading of the training and evaluation data counted (SourceStats::ToJson: samples,
+  // lines, the bad lines skipped under --skip-bad-lines and the first of their errors); null
+  // where there is none.
+  nlohmann::json data;
+  nlohmann::json eval_data;
   // A stopped job: the iteration it stopped at (-1: it ran to its end) and why.
   Iteration stopped_at = -1;
   int stop_signal = 0;

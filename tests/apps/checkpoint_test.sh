@@ -230,8 +230,10 @@ if train at_iterations "${T2[@]}" --iterations $N --cache oracle --resume "$good
   --out "$WORK/at_iterations" &&
   grep -q "is at iteration $N, this job's last (--iterations): no iteration is left" \
     "$WORK/at_iterations.log" &&
-  [[ "$(field "$WORK/at_iterations/summary.json" iterations)" == 0 ]]; then
-  echo "ok   at_iterations (exit 0, no iteration, a warning)"
+  [[ "$(field "$WORK/at_iterations/summary.json" iterations)" == 0 ]] &&
+  [[ "$(field "$WORK/at_iterations/summary.json" train_loss)" == None ]] &&
+  grep -q "train loss - (no iteration trained)" "$WORK/at_iterations.log"; then
+  echo "ok   at_iterations (exit 0, no iteration, no training loss, a warning)"
 else
   fail "at_iterations: $(tail -3 "$WORK/at_iterations.log")"
 fi

@@ -289,6 +289,33 @@ expect_error sim_no_policy "--policies ',' names no policy" sim --data "$SYN" --
   --policies , --quiet
 expect_error batch_too_large_for_default_cache "the default cache of [0-9]+ rows \(4 x --batch-size 99999999999 .*lower --batch-size" \
   train --data "$CRITEO" --batch-size 99999999999 --quiet
+# --skip-bad-lines reports what it skipped: 20 of the 100 lines have an extra tab or label 2,
+# counted once though the dictionary scan, 3 epochs and the evaluation range read them again.
+python3 -c "
+import sys
+lines = open(sys.argv[1]).read().split('\n')[:-1]
+for i, line in enumerate(lines):
+    if i % 10 == 3:
+        line = line.replace('\t', '\t\t', 1)
+    elif i % 10 == 5:
+        line = '2' + line[1:]
+    print(line)" "${CRITEO#criteo:}" >"$WORK/somebad.tsv"
+expect_ok skip_bad_lines_train train --data "criteo:$WORK/somebad.tsv" --skip-bad-lines \
+  --batch-size 16 --epochs 3 --eval-fraction 0.2 --dim 4 --quiet --out "$WORK/somebad"
+if ! grep -q "skipped 20 bad lines of the data; the first: .*somebad.tsv:4:" \
+     "$WORK/skip_bad_lines_train.out" ||
+   [[ "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['oracle']['data']['skipped_lines'])" \
+         "$WORK/somebad/summary.json")" != 20 ]]; then
+  echo "FAIL skip_bad_lines_train: $(tail -2 "$WORK/skip_bad_lines_train.out")"
+  failures=$((failures + 1))
+fi
+expect_ok skip_bad_lines_sim sim --data "criteo:$WORK/somebad.tsv" --skip-bad-lines \
+  --batch-size 16 --cache-rows 500 --quiet
+if ! grep -q "skipped 20 bad lines; the first: .*somebad.tsv:4:" "$WORK/skip_bad_lines_sim.out"; then
+  echo "FAIL skip_bad_lines_sim: $(tail -2 "$WORK/skip_bad_lines_sim.out")"
+  failures=$((failures + 1))
+fi
+
 # A pipe is read once: a dictionary-encoded pipe is refused before it is read, and convert (one
 # pass) turns it into a file that trains.
 if piped=$(cat "${CRITEO#criteo:}" | "$BAGPIPE" train --data criteo:/dev/stdin --quiet 2>&1); then
