@@ -96,7 +96,10 @@ class LogReg(torch.nn.Module):
         # (d(loss)/d(pooled)) and one matrix-vector product, where nn.Linear's matrix product
         # with one output column costs BLAS sgemm's packing and zero-filling of [n, tables * dim]
         # (about 3 ms more per iteration at n = 4096, 26 tables, dim 16; bench/RESULTS.md).
-        return torch.addmv(self.linear.bias, pooled.reshape(pooled.shape[0], -1),
+        # A trainer's share of a last, partial batch may hold no sample: flatten(1), as -1 cannot
+        # be inferred from 0 elements, and the bias expanded to n (addmv broadcasts a [1] bias
+        # over 0 rows to 1 output).
+        return torch.addmv(self.linear.bias.expand(pooled.shape[0]), pooled.flatten(1),
                            self.linear.weight[0])
 
 

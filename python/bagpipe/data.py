@@ -13,6 +13,13 @@ def _array(values, dtype, what):
     if np.dtype(dtype).kind == "i" and array.dtype.kind not in "iu" and array.size > 0:
         # Casting would truncate 1.7 to row 1 (nn.EmbeddingBag refuses float indices too).
         raise ValueError(f"{what}: expected integers, got an array of {array.dtype}")
+    if np.dtype(dtype) == np.int64 and array.dtype.kind == "u" and array.size > 0:
+        # uint64 beyond int64 would wrap around to a negative number.
+        too_large = array.reshape(-1) > np.iinfo(np.int64).max
+        if too_large.any():
+            index = int(np.argmax(too_large))
+            raise ValueError(f"{what}: {array.reshape(-1)[index]} (position {index}) is larger "
+                             f"than any index (int64)")
     return np.ascontiguousarray(array, dtype=dtype)
 
 

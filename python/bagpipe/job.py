@@ -330,6 +330,7 @@ class Batch:
         """The pooled embeddings [n, tables, dim], looked up at the first access (no autograd:
         to train them use EmbeddingBags, or hand the gradient to trainer.end_iteration)."""
         if self._pooled is None:
+            self.trainer._check_current(self, "Batch.pooled")
             self._pooled = self.trainer.lookup_pooled()
         return self._pooled
 
@@ -367,6 +368,10 @@ class Trainer:
         # Counts begin_iteration calls: EmbeddingBags' output remembers the one it came from, so
         # a backward through an earlier iteration's graph cannot end the current iteration.
         self._generation = 0
+        # EmbeddingBags' node that ends the iteration (generation, its output), which every
+        # lookup of the iteration hangs from; the generation whose backward ended it.
+        self._end_node = None
+        self._ended = -1
 
     def __repr__(self):
         return f"bagpipe.Trainer({self.id} of {self.num_trainers}, {self.device})"
@@ -374,6 +379,17 @@ class Trainer:
     def _register_stream(self):
         if self._cuda:
             self._core.set_external_stream(torch.cuda.current_stream(self.device).cuda_stream)
+
+    def _check_current(self, batch, what):
+        """UsageError naming ``what`` unless ``batch`` is this trainer's current batch: the
+        runtime holds the rows of that one only (another's lookup would get them)."""
+        if batch.trainer is not self:
+            raise UsageError(f"{what}: {batch!r} belongs to another trainer, not to trainer "
+                             f"{self.id} (each trainer looks up its own batches)")
+        if batch is not self._batch:
+            raise UsageError(f"{what}: {batch!r} is not trainer {self.id}'s current batch (its "
+                             "latest begin_iteration's or eval batch): the runtime holds the "
+                             "current batch's rows only")
 
     def _make_batch(self, info, is_eval):
         # The tensors come from the trainer's buffer pool (no allocation in the steady state);
@@ -404,13 +420,20 @@ class Trainer:
             raise UsageError(f"trainer {self.id}: EmbeddingBags' output of an earlier iteration "
                              "was backpropagated (each batch's output is backpropagated in its "
                              "own iteration, before the next begin_iteration)")
+        if self._ended == generation:
+            raise UsageError(f"trainer {self.id}: EmbeddingBags' output was backpropagated twice "
+                             "in one iteration (the first backward pass ended it and applied "
+                             "its gradient; nothing more was applied): sum the losses and call "
+                             "backward once per iteration")
         if self._loop_thread is None or threading.get_ident() == self._loop_thread:
-            self._core.end_iteration(pooled_grad)
-        elif self._pending_grad is not None:
-            raise UsageError(f"trainer {self.id}: the batch's pooled embeddings were "
-                             "backpropagated twice in one iteration")
+            try:
+                self._core.end_iteration(pooled_grad)
+            except BaseException:
+                self._end_node = None  # still open (e.g. a non-finite gradient): look up anew
+                raise
         else:
             self._pending_grad = pooled_grad
+        self._ended = generation
 
     def begin_iteration(self):
         """Waits for the next iteration's plan and rows; returns its Batch, or None when
@@ -420,6 +443,7 @@ class Trainer:
         self._register_stream()
         info = self._core.begin_iteration()
         self._generation += 1
+        self._end_node = None
         if info is None:
             self._batch = None
             return None
@@ -445,9 +469,10 @@ class Trainer:
         """Ends the iteration with d(loss)/d(pooled): a contiguous float32 tensor [n, tables,
         dim] on the trainer's device. Reduces it to row gradients, exchanges those of shared rows
         with the other trainers and applies the embedding optimizer. On the CPU a NaN or
-        infinite element, or one so large that a row's sum over the batch could overflow
-        float32, raises ValueError before anything is applied (the iteration stays open); a
-        CUDA gradient is not checked (that would cost a host synchronisation)."""
+        infinite element, or one so large that a row's sum over the batch's ids and the trainers
+        (scaled by SGD's learning rate, squared by Adagrad) could overflow float32, raises
+        ValueError before anything is applied (the iteration stays open); a CUDA gradient is not
+        checked (that would cost a host synchronisation)."""
         if isinstance(pooled_grad, torch.Tensor):
             pooled_grad = pooled_grad.detach()
         self._end_pending()
@@ -465,7 +490,8 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_ takes them) over all trainers in place, with one
         all-reduce (a missing gradient counts as zeros; tensors that do not require grad are
         skipped). Nothing to do with one trainer, but the parameters are checked all the same:
-        dense, strided gradients of floating dtype on the trainer's device (TypeError/ValueError
+        dense, strided gradients of floating dtype at most 32 bits wide (the sum runs in float32:
+        float64 is refused rather than rounded) on the trainer's device (TypeError/ValueError
         otherwise)."""
         self._end_pending()
         if isinstance(parameters, torch.Tensor):
@@ -486,6 +512,11 @@ class Trainer:
                 if not t.is_floating_point():
                     raise TypeError(f"all_reduce_gradients: parameter {index}{what} is "
                                     f"{t.dtype}, not floating point")
+                if t.element_size() > 4:
+                    raise TypeError(f"all_reduce_gradients: parameter {index}{what} is "
+                                    f"{t.dtype}: the sum runs in float32 and would round it "
+                                    "(nothing was summed; use float32 parameters, or float16/"
+                                    "bfloat16, which are summed in float32)")
                 if t.device != self.device:
                     raise ValueError(f"all_reduce_gradients: parameter {index}{what} is on "
                                      f"{t.device}, not on the trainer's device {self.device}")
@@ -511,6 +542,7 @@ class Trainer:
         self._end_pending()
         self._core.flush()
         self._batch = None
+        self._end_node = None
 
     def eval_batches(self):
         """After flush(): the held-out batches (config.eval_fraction or eval_data), each a
@@ -524,10 +556,12 @@ class Trainer:
             yield self._make_batch(info, True)
 
     def complete(self, dense=None, predictions=None, labels=None, info=None):
-        """Ends this trainer's part (flushes first if needed). ``dense``: the dense model's
-        parameters (a tensor or a list of tensors, e.g. ``list(model.parameters())``; trainer
-        0's go into params.bin and the fingerprint); ``predictions``/``labels``: held-out
-        probabilities and labels (summary.json's log loss and AUC); ``info``: the loop's figures
+        """Ends this trainer's part (flushes first if needed: before the last iteration that is
+        flush's UsageError, and nothing changes). ``dense``: the dense model's parameters (a
+        tensor or a list of tensors, e.g. ``list(model.parameters())``; trainer 0's go into
+        params.bin and the fingerprint); ``predictions``/``labels``: held-out probabilities and
+        labels in [0, 1] (summary.json's log loss and AUC; ValueError naming the first element
+        outside, NaN included); ``info``: the loop's figures
         for summary.json (train_loss, iterations, samples, seconds, time_ms; checked here: a
         figure of the wrong type raises TypeError, a negative one ValueError)."""
         def flat(values, what):
@@ -547,6 +581,9 @@ class Trainer:
                                   for v in values]).numpy()
             return np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(-1))
         arrays = [flat(dense, "dense"), flat(predictions, "predictions"), flat(labels, "labels")]
+        _check_unit_interval(arrays[1], "predictions", " (probabilities: pass torch.sigmoid of "
+                             "the model's logits)")
+        _check_unit_interval(arrays[2], "labels", "")
         info_text = _json_text(info, "complete: info")
         _check_info(info)
         self._end_pending()
@@ -600,6 +637,18 @@ class Trainer:
         """The trainer's counters and phase times (seconds) so far, as a dict."""
         self._end_pending()
         return json.loads(self._core.stats_json())
+
+
+def _check_unit_interval(values, what, hint):
+    """ValueError naming the first element of ``values`` (a float32 array, or None) that is not
+    in [0, 1] (NaN included): summary.json's log loss and AUC would be wrong."""
+    if values is None:
+        return
+    bad = ~((values >= 0) & (values <= 1))
+    if bad.any():
+        index = int(np.argmax(bad))
+        raise ValueError(f"complete: {what}: element {index} is {values[index]}, not in [0, 1]"
+                         f"{hint} (nothing was done: the trainer can go on)")
 
 
 def _check_finite_parameters(objects, prefix, suffix):

@@ -109,10 +109,15 @@ TensorView ViewTensor(py::handle tensor, const std::string& what, const std::vec
                                        ShapeText(t.shape, t.ndim)));
   }
   TensorView view;
+  // A tensor without elements is contiguous whatever its strides (as PyTorch calls it: e.g. the
+  // gradient autograd hands over for a trainer's empty share of a batch): nothing is read.
+  int64_t elements = 1;
+  for (int d = 0; d < t.ndim; ++d) elements *= t.shape[d];
   int64_t expected_stride = 1;
   for (int d = t.ndim - 1; d >= 0; --d) {
     // Strides of size-1 dimensions do not matter; NULL strides mean C-contiguous.
-    if (t.strides != nullptr && t.shape[d] != 1 && t.strides[d] != expected_stride) {
+    if (elements != 0 && t.strides != nullptr && t.shape[d] != 1 &&
+        t.strides[d] != expected_stride) {
       throw py::value_error(absl::StrCat(what,
                                          ": expected a contiguous tensor (row-major), got strides ",
                                          ShapeText(t.strides, t.ndim), " for shape ",

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -111,13 +112,14 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
     data_schema = *schema;
     if (is_rank0) {
       train = std::make_unique<BatchStream>(
-          MakePythonSource(data, normalize, data_schema),
+          MakePythonSource(data, normalize, data_schema, core.get(), "data"),
           BatchStream::Options{config.batch_size, config.iterations > 0 ? 0 : config.epochs,
                                false});
       core->description_ = train->source().Describe();
       if (!eval_data.is_none()) {
-        eval = std::make_unique<BatchStream>(MakePythonSource(eval_data, normalize, data_schema),
-                                             BatchStream::Options{config.batch_size, 1, false});
+        eval = std::make_unique<BatchStream>(
+            MakePythonSource(eval_data, normalize, data_schema, core.get(), "eval_data"),
+            BatchStream::Options{config.batch_size, 1, false});
       }
     } else {
       core->description_ = "python iterable";
@@ -172,7 +174,45 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
   return core;
 }
 
-JobCore::~JobCore() { Close(); }
+namespace {
+// The jobs whose trainer calls this thread is in, innermost last (a callback the runtime runs
+// inside a call, e.g. the loop's save, runs on the caller's thread).
+thread_local std::vector<const JobCore*> tls_calls;
+}  // namespace
+
+JobCore::~JobCore() {
+  // A destructor never throws (that would terminate the process). The last reference may go
+  // wherever Python collects it: on this job's own thread (reading its data iterable) closing
+  // would join that very thread, so the job is aborted and joined on a thread of its own.
+  if (OnOwnThread() != nullptr) {
+    Abort(
+        "the job was collected on its own thread (reading the data iterable) before it "
+        "was closed");
+    std::unique_ptr<Job> job;
+    {
+      absl::MutexLock lock(&mu_);
+      closed_ = true;
+      job = std::move(job_);
+    }
+    if (job != nullptr) std::thread([job = std::move(job)]() mutable { job.reset(); }).detach();
+    return;
+  }
+  try {
+    Close();
+  } catch (py::error_already_set& error) {
+    error.discard_as_unraisable("bagpipe Job's destructor");
+  } catch (const std::exception&) {
+    // Nothing to report to: the job is aborted and its threads joined as far as they could be.
+  }
+}
+
+const char* JobCore::OnOwnThread() const {
+  if (std::find(tls_calls.begin(), tls_calls.end(), this) != tls_calls.end()) {
+    return "inside one of the job's calls (a callback it runs)";
+  }
+  if (python::ReadingPythonData(this)) return "on the job's own thread (reading the data iterable)";
+  return nullptr;
+}
 
 std::vector<std::shared_ptr<PyTrainer>> JobCore::trainers() {
   {
@@ -207,12 +247,6 @@ bool JobCore::closed() const {
   absl::MutexLock lock(&mu_);
   return closed_;
 }
-
-namespace {
-// The jobs whose trainer calls this thread is in, innermost last (a callback the runtime runs
-// inside a call, e.g. the loop's save, runs on the caller's thread).
-thread_local std::vector<const JobCore*> tls_calls;
-}  // namespace
 
 void JobCore::Enter(const char* what) {
   absl::MutexLock lock(&mu_);
@@ -302,14 +336,13 @@ void JobCore::RequestStop(int signal) {
 }
 
 void JobCore::Close() {
-  // From inside one of this job's calls (a callback such as the loop's save) or on a runtime
-  // thread (reading the data iterable), closing would wait for that call or join that thread:
+  // A closed job closes again as a no-op, from anywhere.
+  if (closed()) return;
+  // From inside one of this job's calls (a callback such as the loop's save) or on its runtime
+  // thread (reading its data iterable), closing would wait for that call or join that thread:
   // the job is aborted instead, so that every call returns, and the caller is told to close it
-  // from its own thread.
-  const bool in_call = std::find(tls_calls.begin(), tls_calls.end(), this) != tls_calls.end();
-  if (in_call || python::ReadingPythonData()) {
-    const std::string where = in_call ? "inside one of the job's calls (a callback it runs)"
-                                      : "on the job's own thread (reading the data iterable)";
+  // from its own thread. Another job's threads are no such place.
+  if (const char* where = OnOwnThread(); where != nullptr) {
     Abort(absl::StrCat("Job.close was called ", where));
     RaiseError("UsageError",
                absl::StrCat("close: called ", where,
@@ -507,18 +540,27 @@ void PyTrainer::EndIteration(py::handle pooled_grad) {
             "iteration is still open)"));
       }
     }
-    // A finite gradient still overflows float32 when a row sums it over the global batch (or,
-    // under Adagrad, squares that sum): refused while it could.
-    const OptimizerKind kind = core_->options().trainer.sparse_optimizer.kind;
-    const double bound = kind == OptimizerKind::kSgd ? std::numeric_limits<float>::max()
-                                                     : std::sqrt(std::numeric_limits<float>::max());
-    const double samples = static_cast<double>(std::max<int64_t>(1, batch_.global_batch_size));
-    if (static_cast<double>(largest) * samples >= bound) {
+    // A finite gradient still overflows float32 when a row sums it: over every id of the
+    // batch that names the row (repeated ids of a bag and of the batch add up), over the
+    // trainers that share it, then SGD scales the sum by the learning rate and Adagrad squares
+    // it into the accumulator (its step, lr * g / sqrt(accumulator), stays within lr). Each
+    // trainer's part of a row's sum is at most its largest element times its ids: refused
+    // while num_trainers times that, so scaled or squared, could overflow.
+    const OptimizerConfig& optimizer = core_->options().trainer.sparse_optimizer;
+    const bool sgd = optimizer.kind == OptimizerKind::kSgd;
+    const double bound =
+        sgd ? std::numeric_limits<float>::max() : std::sqrt(std::numeric_limits<float>::max());
+    const double ids = static_cast<double>(std::max<int64_t>(1, batch_.num_ids));
+    const double trainers = static_cast<double>(std::max(1, num_trainers()));
+    const double scale = sgd ? std::max(1.0, static_cast<double>(optimizer.learning_rate)) : 1.0;
+    if (static_cast<double>(largest) * ids * trainers * scale >= bound) {
       const int64_t per_sample = static_cast<int64_t>(batch_.num_tables) * dim;
       throw py::value_error(absl::StrCat(
           "pooled_grad: element (", at / per_sample, ", ", (at / dim) % batch_.num_tables, ", ",
-          at % dim, ") is ", grad[at], ": summed over the ", batch_.global_batch_size,
-          " samples of the batch", kind == OptimizerKind::kSgd ? "" : " and squared (Adagrad)",
+          at % dim, ") is ", grad[at], ": summed into a row over the ", batch_.num_ids,
+          " ids of this trainer's share of the batch and the ", num_trainers(), " trainer(s)",
+          sgd ? absl::StrCat(" and scaled by the learning rate ", optimizer.learning_rate)
+              : " and squared (Adagrad)",
           ", a row's gradient could overflow float32 (nothing was applied; the iteration is "
           "still open)"));
     }
@@ -585,7 +627,20 @@ void PyTrainer::Complete(py::object dense, py::object predictions, py::object la
     RaiseError("UsageError", "complete: info must be a dict of JSON values");
   }
   outcome.info = std::move(info);
+  // Flushed here first (a no-op once the loop flushed): before the last iteration that is a
+  // UsageError that changes nothing, as flush's, rather than the trainer's failure that
+  // completing would make of it.
   absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = trainer().Flush();
+  }
+  if (status.code() == absl::StatusCode::kFailedPrecondition && core_->aborted().ok()) {
+    RaiseError("UsageError",
+               absl::StrCat("complete: ", status.message(),
+                            " (nothing was done: the trainer can go on, then complete)"));
+  }
+  if (!status.ok()) Raise(status);
   {
     py::gil_scoped_release release;
     status = core_->job().CompleteTrainer(local_, std::move(outcome));

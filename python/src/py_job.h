@@ -86,6 +86,9 @@ class JobCore : public std::enable_shared_from_this<JobCore> {
 
  private:
   JobCore() = default;
+  // Where the calling thread must not close the job (it would wait for itself): inside one of
+  // the job's calls, or reading the job's data iterable; nullptr elsewhere.
+  const char* OnOwnThread() const;
 
   JobConfig config_;
   JobOptions options_;

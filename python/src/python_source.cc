@@ -1,7 +1,9 @@
 #include "python/src/python_source.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "pybind11/numpy.h"
@@ -13,23 +15,28 @@ namespace {
 
 bool InterpreterAlive() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
 
-thread_local int tls_reading = 0;
+// The jobs whose Python iterables this thread is reading, innermost last (an iterable may drive
+// another job's start, whose own source then reads on its own thread, not this one).
+thread_local std::vector<const void*> tls_reading;
 
-// Marks the thread as reading a Python iterable for its life.
+// Marks the thread as reading a Python iterable of `owner`'s for its life.
 class Reading {
  public:
-  Reading() { ++tls_reading; }
-  ~Reading() { --tls_reading; }
+  explicit Reading(const void* owner) { tls_reading.push_back(owner); }
+  ~Reading() { tls_reading.pop_back(); }
   Reading(const Reading&) = delete;
   Reading& operator=(const Reading&) = delete;
 };
 
 class PythonSource final : public SampleSource {
  public:
-  PythonSource(py::object iterable, py::object normalize, Schema schema)
+  PythonSource(py::object iterable, py::object normalize, Schema schema, const void* owner,
+               const char* role)
       : iterable_(std::move(iterable)),
         normalize_(std::move(normalize)),
-        schema_(std::move(schema)) {
+        schema_(std::move(schema)),
+        owner_(owner),
+        role_(role) {
     py::gil_scoped_acquire gil;
     description_ = absl::StrCat(
         "python iterable (", std::string(py::str(py::type::of(iterable_).attr("__name__"))), ")");
@@ -70,7 +77,7 @@ class PythonSource final : public SampleSource {
   absl::Status Rewind() override {
     if (!InterpreterAlive()) return absl::CancelledError("the Python interpreter is exiting");
     py::gil_scoped_acquire gil;
-    Reading reading;  // finalising a generator runs its code
+    Reading reading(owner_);  // finalising a generator runs its code
     iterator_ = py::object();
     pending_ = Batch();
     next_ = 0;
@@ -89,7 +96,7 @@ class PythonSource final : public SampleSource {
   absl::StatusOr<bool> Pull() {
     if (!InterpreterAlive()) return absl::CancelledError("the Python interpreter is exiting");
     py::gil_scoped_acquire gil;
-    Reading reading;
+    Reading reading(owner_);
     try {
       if (!iterator_) iterator_ = py::iter(iterable_);
       PyObject* item = PyIter_Next(iterator_.ptr());
@@ -103,14 +110,17 @@ class PythonSource final : public SampleSource {
       ++items_;
       return true;
     } catch (py::error_already_set& e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("batch ", items_, " of the ", description_, ": ", e.what()));
+      return absl::InvalidArgumentError(absl::StrCat(Where(), e.what()));
     } catch (const std::exception& e) {
       // pybind11's cast errors, std::bad_alloc: this runs on the oracle's thread, where an
       // escaping exception would terminate the process.
-      return absl::InvalidArgumentError(
-          absl::StrCat("batch ", items_, " of the ", description_, ": ", e.what()));
+      return absl::InvalidArgumentError(absl::StrCat(Where(), e.what()));
     }
+  }
+
+  // "batch 3 of eval_data, the python iterable (list): " — the item being read.
+  std::string Where() const {
+    return absl::StrCat("batch ", items_, " of ", role_, ", the ", description_, ": ");
   }
 
   absl::Status Fill(const py::tuple& parts) {
@@ -124,8 +134,7 @@ class PythonSource final : public SampleSource {
     const int tables = schema_.num_tables();
     const int num_dense = schema_.num_dense();
     auto bad = [&](const std::string& what) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("batch ", items_, " of the ", description_, ": ", what));
+      return absl::InvalidArgumentError(absl::StrCat(Where(), what));
     };
     if (n <= 0) return bad("no samples (labels is empty)");
     if (dense.size() != n * num_dense) {
@@ -173,6 +182,8 @@ class PythonSource final : public SampleSource {
   py::object normalize_;
   py::object iterator_;
   const Schema schema_;
+  const void* const owner_;
+  const char* const role_;
   std::string description_;
   Batch pending_;
   int32_t next_ = 0;
@@ -182,12 +193,14 @@ class PythonSource final : public SampleSource {
 
 }  // namespace
 
-bool ReadingPythonData() { return tls_reading > 0; }
+bool ReadingPythonData(const void* owner) {
+  return std::find(tls_reading.begin(), tls_reading.end(), owner) != tls_reading.end();
+}
 
 std::unique_ptr<SampleSource> MakePythonSource(py::object iterable, py::object normalize,
-                                               Schema schema) {
+                                               Schema schema, const void* owner, const char* role) {
   return std::make_unique<PythonSource>(std::move(iterable), std::move(normalize),
-                                        std::move(schema));
+                                        std::move(schema), owner, role);
 }
 
 }  // namespace bagpipe::python

@@ -19,12 +19,16 @@
 
 namespace bagpipe::python {
 
+// `owner`: the job the source feeds (ReadingPythonData's key). `role`: what the iterable is to
+// that job ("data", "eval_data"), named by the source's errors.
 std::unique_ptr<SampleSource> MakePythonSource(pybind11::object iterable,
-                                               pybind11::object normalize, Schema schema);
+                                               pybind11::object normalize, Schema schema,
+                                               const void* owner, const char* role);
 
-// True on a runtime thread while it reads a Python iterable (the oracle's, reading data): a
-// Job closed from there would join the very thread it runs on.
-bool ReadingPythonData();
+// True on a runtime thread while it reads a Python iterable of `owner`'s (the oracle's, reading
+// its data): that job closed from there would join the very thread it runs on. Another job's
+// reading thread (whose iterable may drop or close an earlier job) is no such thread.
+bool ReadingPythonData(const void* owner);
 
 }  // namespace bagpipe::python
 

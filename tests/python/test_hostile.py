@@ -172,7 +172,8 @@ def test_a_gradient_whose_row_sum_could_overflow_is_refused(optimizer, value):
         grad = torch.zeros_like(pooled)
         grad[3, 1, 2] = -value
         with pytest.raises(ValueError, match=r"pooled_grad: element \(3, 1, 2\) is -.*over the "
-                                             r"128 samples.*could overflow float32"):
+                                             r"512 ids of this trainer's share of the batch.*"
+                                             r"could overflow float32"):
             trainer.end_iteration(grad)
         grad[3, 1, 2] = 1e6  # large, but no overflow
         trainer.end_iteration(grad)
@@ -757,5 +758,138 @@ def test_non_finite_or_out_of_range_values_from_an_iterable_are_refused(field, v
                             peer_timeout=20, lookahead=2)
     with bagpipe.Job(config, data=[item], schema=schema) as job:
         (trainer,) = job.trainers
-        with pytest.raises(bagpipe.JobError, match=f"batch 0 of the .*{expected}"):
+        with pytest.raises(bagpipe.JobError, match=f"batch 0 of data, the .*{expected}"):
             trainer.begin_iteration()
+
+
+def test_a_job_collected_or_closed_on_another_jobs_data_thread_is_closed_there():
+    # Job A's Trainer and Batch form a reference cycle: the cyclic GC frees them (and A's
+    # runtime) wherever it runs, here inside job B's data iterable on B's oracle thread, which
+    # is no thread of A's: A closes there (it was closed already: a no-op), as a finished job A
+    # closed from there does; the process survives and B trains to its end.
+    code = """if True:
+        import gc, numpy as np, torch, bagpipe
+        schema = bagpipe.Schema(table_rows=[10, 20], num_dense=2)
+        rng = np.random.default_rng(0)
+        def item():
+            return {"dense": rng.standard_normal((32, 2)).astype(np.float32),
+                    "labels": np.ones(32, np.float32),
+                    "ids": [rng.integers(0, r, 32) for r in schema.table_rows]}
+        config = bagpipe.Config(batch_size=32, cache_rows=30, dim=4, optimizer="sgd",
+                                peer_timeout=15)
+        gc.disable()  # no automatic collection on the main thread frees job A first
+        with bagpipe.Job(config, data=[item() for _ in range(3)], schema=schema) as job:
+            (trainer,) = job.trainers
+            for batch in trainer:
+                trainer.end_iteration(torch.zeros_like(trainer.lookup_pooled()))
+                break  # an early stop leaves the Trainer <-> Batch cycle
+        del job, trainer, batch
+        finished = bagpipe.Job(config, data=[item()], schema=schema)
+        (trainer,) = finished.trainers
+        for batch in trainer:
+            trainer.end_iteration(torch.zeros_like(trainer.lookup_pooled()))
+        trainer.flush(); trainer.complete(); finished.finish()
+        del trainer, batch
+        collected = []
+        def data_b():
+            for i in range(4):
+                collected.append(gc.collect())  # collects job A on B's oracle thread
+                if i == 1:
+                    finished.close()
+                    print("closed the finished job from B's iterable", flush=True)
+                yield item()
+        with bagpipe.Job(config, data=data_b(), schema=schema) as job:
+            (trainer,) = job.trainers
+            iterations = 0
+            for batch in trainer:
+                trainer.end_iteration(torch.zeros_like(trainer.lookup_pooled()))
+                iterations += 1
+            trainer.flush(); trainer.complete(); job.finish()
+        print("job B iterations", iterations, "collected", collected[0] > 0, flush=True)
+        print("finished job aborted:", finished.aborted, flush=True)
+    """
+    result = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "closed the finished job from B's iterable" in result.stdout
+    assert "job B iterations 4 collected True" in result.stdout
+    assert "finished job aborted: None" in result.stdout
+
+
+@pytest.mark.parametrize("optimizer,lr,value,ids,expected", [
+    # Finite, and 1 sample: but the bag holds row 1 twice, whose gradient sums both.
+    ("sgd", 1.0, 2e38, [1, 1], r"over the 2 ids .* scaled by the learning rate 1,"),
+    ("adagrad", 1.0, 1.5e19, [1, 1], r"over the 2 ids .* squared \(Adagrad\)"),
+    # One id, but lr 10 times the gradient overflows in the SGD step.
+    ("sgd", 10.0, 1e38, [1], r"over the 1 ids .* scaled by the learning rate 10,"),
+])
+def test_a_gradient_whose_row_sum_over_repeated_ids_or_step_could_overflow_is_refused(
+        optimizer, lr, value, ids, expected):
+    schema = bagpipe.Schema(table_rows=[4], num_dense=0)
+    items = [{"labels": np.ones(1, np.float32), "ids": [np.array(ids)],
+              "offsets": [np.array([0])]} for _ in range(3)]
+    config = bagpipe.Config(batch_size=1, cache_rows=4, dim=2, optimizer=optimizer, lr=lr,
+                            peer_timeout=15, lookahead=1)
+    with bagpipe.Job(config, data=items, schema=schema) as job:
+        (trainer,) = job.trainers
+        trainer.begin_iteration()
+        with pytest.raises(ValueError, match=r"pooled_grad: element \(0, 0, 0\) is .*" + expected
+                           + ".*could overflow float32 .*nothing was applied"):
+            trainer.end_iteration(torch.full((1, 1, 2), value))
+        trainer.end_iteration(torch.full((1, 1, 2), value / 100))  # still open; this one fits
+        trainer.begin_iteration()
+        assert torch.isfinite(trainer.lookup_pooled()).all()
+        zero_step(trainer)
+        job.abort("test over")
+
+
+def test_all_reduce_gradients_refuses_float64_rather_than_round_it():
+    def loop(trainer):
+        weight = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+        weight.grad = torch.full((1,), 1.0 + 1e-12, dtype=torch.float64)
+        half = torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))
+        half.grad = torch.ones(2, dtype=torch.float16)
+        for _ in trainer:
+            zero_step(trainer)
+            with pytest.raises(TypeError, match=r"parameter 1 is torch.float64: the sum runs in "
+                                                r"float32 and would round it \(nothing was summed"):
+                trainer.all_reduce_gradients([half, weight])
+            trainer.all_reduce_gradients([half])  # narrower than float32: summed in float32
+        assert weight.grad.item() == 1.0 + 1e-12
+        finish_loop(trainer)
+        return half.grad.tolist()
+
+    for trainers in (1, 2):  # the same check whatever the trainer count
+        with bagpipe.Job(small_config(trainers=trainers)) as job:
+            results = job.run_trainers(loop)
+            job.finish()
+        assert results == [[float(trainers ** 4)] * 2] * trainers  # 4 iterations summed
+
+
+def test_bad_items_of_eval_data_and_uint64_ids_beyond_int64_are_named():
+    schema = bagpipe.Schema(table_rows=[10, 20], num_dense=2)
+    rng = np.random.default_rng(0)
+
+    def item():
+        return {"dense": rng.standard_normal((32, 2)).astype(np.float32),
+                "labels": np.ones(32, np.float32),
+                "ids": [rng.integers(0, r, 32) for r in schema.table_rows]}
+
+    config = bagpipe.Config(batch_size=32, cache_rows=30, dim=4, optimizer="sgd",
+                            peer_timeout=15)
+    bad = item()
+    bad["dense"] = np.zeros((32, 3), np.float32)
+    with bagpipe.Job(config, data=[item()], schema=schema, eval_data=[bad]) as job:
+        (trainer,) = job.trainers
+        with pytest.raises(bagpipe.JobError, match=r"batch 0 of eval_data, the python iterable "
+                                                   r"\(list\): ValueError: dense: expected"):
+            run_and_flush(trainer)
+            list(trainer.eval_batches())
+    bad = item()
+    bad["ids"][0] = bad["ids"][0].astype(np.uint64)
+    bad["ids"][0][3] = 2**64 - 1
+    with bagpipe.Job(config, data=[bad], schema=schema) as job:
+        with pytest.raises(bagpipe.JobError, match=r"batch 0 of data, the python iterable "
+                                                   r"\(list\): ValueError: ids of table 0: "
+                                                   r"18446744073709551615 \(position 3\)"):
+            job.trainers[0].begin_iteration()

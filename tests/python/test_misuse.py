@@ -9,6 +9,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -293,3 +294,143 @@ def test_ctrl_c_stops_the_job_and_every_thread(trainers, mode):
     assert "KeyboardInterrupt" in stderr, stderr
     assert "Segmentation" not in stderr and "Abort" not in stderr.replace("aborted", "")
     assert time.monotonic() - sent < 30, "stopping waited for a peer timeout (60 s)"
+
+
+def test_embedding_bags_refuse_a_batch_that_is_not_the_trainers_current_one():
+    config = small_config(trainers=2)
+    with bagpipe.Job(config) as job:
+        t0, t1 = job.trainers
+        tables0 = bagpipe.EmbeddingBags(t0)
+        got = {}
+        ready, go = threading.Event(), threading.Event()
+
+        def other():  # trainer 1 ends its iterations alongside (they exchange shared rows)
+            got["batch"] = t1.begin_iteration()
+            ready.set()
+            go.wait(30)
+            zero_step(t1)
+            t1.begin_iteration()
+            zero_step(t1)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        b0 = t0.begin_iteration()
+        ready.wait(30)
+        with pytest.raises(bagpipe.UsageError, match=r"EmbeddingBags: bagpipe.Batch\(iteration "
+                                                     r"0, .* trainer 1\) belongs to another "
+                                                     r"trainer, not to trainer 0"):
+            tables0(got["batch"])
+        go.set()
+        with pytest.raises(bagpipe.UsageError, match="Batch.pooled: .* is not trainer 0's "
+                                                     "current batch"):
+            bagpipe.Batch(t0, 0, 1, 1, None, None, False).pooled  # noqa: B018  (a made-up one)
+        kept = tables0(b0)
+        kept.sum().backward()
+        b1 = t0.begin_iteration()
+        assert b1.iteration == 1
+        with pytest.raises(bagpipe.UsageError, match=r"EmbeddingBags: bagpipe.Batch\(iteration "
+                                                     r"0, .*\) is not trainer 0's current batch"):
+            tables0(b0)  # a stale batch: the runtime holds iteration 1's rows
+        with pytest.raises(bagpipe.UsageError, match="Batch.pooled: .* is not trainer 0's "
+                                                     "current batch"):
+            b0.pooled  # noqa: B018  (its first access: nothing was looked up while current)
+        assert torch.equal(tables0(b1).detach(), b1.pooled)  # the current batch works
+        zero_step(t0)
+        thread.join()
+        job.abort("test over")
+
+
+def test_two_lookups_of_one_iteration_sum_their_gradients_as_nn_embedding_bag():
+    schema = bagpipe.Schema(table_rows=[6], num_dense=0)
+    ids = [np.array([1, 2, 1]), np.array([3, 1, 4]), np.array([1, 5, 2])]
+    items = [{"labels": np.ones(3, np.float32), "ids": [i]} for i in ids]
+    config = bagpipe.Config(batch_size=3, cache_rows=6, dim=2, optimizer="sgd", lr=0.5,
+                            peer_timeout=15, lookahead=1)
+    weights = bagpipe.initial_embedding_weights(config, schema)[0]
+
+    def loss_of(a, c):  # the tables used twice, by two branches of the model
+        return 2 * a.sum() + (3 * c * c).sum()
+
+    bag = torch.nn.EmbeddingBag.from_pretrained(weights.clone(), freeze=False, mode="sum")
+    optimizer = torch.optim.SGD(bag.parameters(), lr=0.5)
+    expected = []
+    for i in ids:
+        index = torch.from_numpy(i)
+        offsets = torch.arange(len(i))
+        expected.append(bag(index, offsets).detach().clone())
+        optimizer.zero_grad()
+        loss_of(bag(index, offsets), bag(index, offsets)).backward()
+        optimizer.step()
+
+    with bagpipe.Job(config, data=items, schema=schema) as job:
+        (trainer,) = job.trainers
+        tables = bagpipe.EmbeddingBags(trainer)
+        got = []
+        for batch in trainer:
+            a, c = tables(batch), tables(batch)
+            assert a.data_ptr() != c.data_ptr()  # independent tensors, as two bag calls return
+            got.append(a.detach().clone())
+            loss_of(a, c).backward()
+        trainer.flush()
+        trainer.complete()
+        job.finish()
+    assert len(got) == 3
+    assert not torch.equal(got[1], expected[0][[1, 0, 1]])  # the rows moved
+    for iteration, (mine, theirs) in enumerate(zip(got, expected)):
+        assert torch.allclose(mine[:, 0], theirs, rtol=1e-6, atol=1e-6), iteration
+
+
+def test_a_second_backward_in_one_iteration_is_a_usage_error_naming_it():
+    with bagpipe.Job(small_config()) as job:
+        (trainer,) = job.trainers
+        tables = bagpipe.EmbeddingBags(trainer)
+        batch = trainer.begin_iteration()
+        a = tables(batch)
+        a.sum().backward(retain_graph=True)
+        with pytest.raises(bagpipe.UsageError, match="backpropagated twice in one iteration .*"
+                                                     "nothing more was applied"):
+            a.sum().backward()
+        with pytest.raises(bagpipe.UsageError, match="iteration 0 already ended"):
+            tables(batch)
+        assert trainer.begin_iteration().iteration == 1
+        zero_step(trainer)
+        job.abort("test over")
+
+
+def test_complete_before_the_last_iteration_is_a_usage_error_that_changes_nothing():
+    with bagpipe.Job(small_config(iterations=3)) as job:
+        (trainer,) = job.trainers
+        trainer.begin_iteration()
+        zero_step(trainer)
+        for _ in range(2):  # as flush's, and again
+            with pytest.raises(bagpipe.UsageError, match="complete: Flush before the end of "
+                                                         "training: iteration 1 was never run.*"
+                                                         "nothing was done"):
+                trainer.complete()
+        assert job.aborted is None
+        iterations = 1
+        for _ in trainer:
+            zero_step(trainer)
+            iterations += 1
+        trainer.complete()  # flushes
+        assert iterations == 3 and job.finish()["iterations"] == 3
+
+
+@pytest.mark.parametrize("predictions,labels,expected", [
+    ([0.9, 2.5, 0.1], [1, 0, 1], r"predictions: element 1 is 2.5, not in \[0, 1\] "
+                                  r"\(probabilities: pass torch.sigmoid"),
+    ([0.9, 0.2, float("nan")], [1, 0, 1], r"predictions: element 2 is nan, not in \[0, 1\]"),
+    (torch.tensor([0.5, 0.5, 0.5]), [1, 3, -1], r"labels: element 1 is 3.0, not in \[0, 1\]"),
+])
+def test_complete_refuses_predictions_or_labels_that_are_no_probabilities(predictions, labels,
+                                                                          expected):
+    with bagpipe.Job(small_config(iterations=2)) as job:
+        (trainer,) = job.trainers
+        for _ in trainer:
+            zero_step(trainer)
+        trainer.flush()
+        with pytest.raises(ValueError, match="complete: " + expected + ".*nothing was done"):
+            trainer.complete(predictions=predictions, labels=labels)
+        trainer.complete(predictions=[0.9, 0.2, 0.6], labels=[1, 0, 1])  # nothing changed
+        summary = job.finish()
+    assert summary["eval"]["samples"] == 3

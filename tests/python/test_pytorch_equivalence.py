@@ -225,3 +225,53 @@ def test_trainers_sharing_one_backward_thread_do_not_wait_for_each_other(example
     for (losses, stats), (own_losses, _) in zip(shared, own):
         assert len(losses) == ITERATIONS and stats["hits"] > 0 and stats["exchanged_rows"] > 0
         assert losses == own_losses  # bit for bit: the same iterations, ended in the same order
+
+
+@pytest.mark.parametrize("model_name", ["logreg", "dlrm"])
+def test_a_trainer_with_an_empty_share_of_the_last_batch_trains_as_one_trainer(example,
+                                                                              model_name):
+    # 65 samples in batches of 64: the last batch has 1 sample, and one of 2 trainers none.
+    # Its backward (a 0-element gradient) and the example's models must take that.
+    rng = np.random.default_rng(5)
+    n = 65
+    items = [{"dense": rng.standard_normal((n, NUM_DENSE)).astype(np.float32),
+              "labels": (rng.random(n) < 0.3).astype(np.float32),
+              "ids": [rng.integers(0, rows, n) for rows in TABLE_ROWS]}]
+    schema = bagpipe.Schema(table_rows=TABLE_ROWS, num_dense=NUM_DENSE)
+    flags = {"model": model_name, "bottom": f"{NUM_DENSE}-16-{DIM}", "top": "16-1"}
+
+    def train(trainer, config):
+        model = example.build_model(flags, trainer, len(TABLE_ROWS), NUM_DENSE, DIM,
+                                    config.seed)
+        optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+        losses, shares = [], []
+        for batch in trainer:
+            loss = loss_of(model(batch.dense, batch), batch.labels, batch.global_batch_size)
+            optimizer.zero_grad()
+            loss.backward()
+            trainer.all_reduce_gradients(model.parameters())
+            optimizer.step()
+            losses.append(loss.item())
+            shares.append(batch.num_samples)
+        trainer.flush()
+        trainer.complete(dense=list(model.parameters()))
+        return losses, shares, [p.detach().clone() for p in model.parameters()]
+
+    results = {}
+    for trainers in (1, 2):
+        config = bagpipe.Config(batch_size=64, trainers=trainers, dim=DIM, optimizer="sgd",
+                                lr=0.1, cache_rows=600, epochs=3, peer_timeout=30)
+        with bagpipe.Job(config, data=items, schema=schema) as job:
+            results[trainers] = job.run_trainers(train, config)
+            summary = job.finish()
+        assert summary["iterations"] == 6
+    (one,) = results[1]
+    assert one[1] == [64, 1] * 3
+    shares = [shares for _, shares, _ in results[2]]
+    assert [a + b for a, b in zip(*shares)] == [64, 1] * 3  # both trainers ran every iteration
+    assert 0 in shares[0] + shares[1]  # and one of them had no sample of the last batch
+    losses = [a + b for a, b in zip(*(losses for losses, _, _ in results[2]))]
+    np.testing.assert_allclose(losses, one[0], rtol=1e-5)
+    assert losses[2] != losses[0]  # it trained
+    for mine, theirs in zip(results[2][0][2], one[2]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
