@@ -1,7 +1,13 @@
 // bagpipe sim: miss counts and miss-ratio curves of a dataset under every cache policy.
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <limits>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -27,7 +33,10 @@ constexpr char kSimModel[] =
 
 absl::StatusOr<std::vector<int64_t>> ParseCapacities(const std::string& text) {
   std::vector<int64_t> capacities;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+  if (absl::StripAsciiWhitespace(text).empty()) {
+    return absl::InvalidArgumentError("--cache-rows is empty");
+  }
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
     int64_t value = 0;
     if (!absl::SimpleAtoi(part, &value) || value <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -35,8 +44,28 @@ absl::StatusOr<std::vector<int64_t>> ParseCapacities(const std::string& text) {
     }
     capacities.push_back(value);
   }
-  if (capacities.empty()) return absl::InvalidArgumentError("--cache-rows is empty");
   return capacities;
+}
+
+// --mrc's file is checked before the data are read: a simulation of a large dataset is not lost
+// to a path it cannot write at the end.
+absl::Status CheckWritable(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (fs::is_directory(path, error)) {
+    return absl::InvalidArgumentError(absl::StrCat("--mrc '", path, "' is a directory"));
+  }
+  const fs::path parent = fs::path(path).parent_path();
+  const std::string dir = parent.empty() ? "." : parent.string();
+  if (!fs::is_directory(dir, error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mrc '", path, "': no directory '", dir, "' to write it in"));
+  }
+  if (access(dir.c_str(), W_OK) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--mrc '", path, "': cannot write in '", dir, "': ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -94,6 +123,7 @@ Subcommand AddSimCommand(CLI::App& root) {
                 "--cache-rows ", capacity, ": at most 2^31 - 1 rows (as bagpipe train)"));
           }
         }
+        if (!flags->mrc.empty()) RETURN_IF_ERROR(CheckWritable(flags->mrc));
         ASSIGN_OR_RETURN(auto opened, OpenFromFlags(flags->data));
         // The oracle's and ttl's window grows with --lookahead whatever the data (as in train).
         JobShape shape;

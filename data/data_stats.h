@@ -15,10 +15,12 @@ namespace bagpipe {
 
 struct TableStats {
   std::string name;
-  int64_t rows = 0;              // table size from the schema (ids are < rows)
-  int64_t unique = 0;            // distinct rows accessed
-  int64_t accesses = 0;          // ids read (multi-hot bags count every id)
-  double top1_share = 0;         // share of accesses going to the top 1% of the distinct rows
+  int64_t rows = 0;      // table size from the schema (ids are < rows)
+  int64_t unique = 0;    // distinct rows accessed
+  int64_t accesses = 0;  // ids read (multi-hot bags count every id)
+  // Share of accesses going to the most accessed 1% of the distinct rows (max(1, floor(1% of
+  // them)) rows: a table of 104 rows counts its top row).
+  double top1_share = 0;
   double top10_share = 0;        // ... top 10%
   double batch_unique_mean = 0;  // distinct rows per batch
   int64_t batch_unique_max = 0;

@@ -200,14 +200,37 @@ void RunBelady(const CompactTrace& trace, int64_t capacity, SimPolicyResult* res
 void RunSetAssociative(const CompactTrace& trace, int64_t capacity, SimPolicyResult* result) {
   const int64_t sets = capacity / kWays;
   constexpr RowId kEmpty = std::numeric_limits<RowId>::max();
-  std::vector<RowId> tags(static_cast<size_t>(sets * kWays), kEmpty);
+  // The lines of the sets the trace touches: all sets when there are no more sets than distinct
+  // rows (a set's lines at set * kWays), else only the touched ones, placed as first touched
+  // (a 2^31-row capacity would otherwise take 32 GiB for a trace of a few rows).
+  const bool dense = sets <= trace.unique_rows();
+  std::vector<RowId> tags(dense ? static_cast<size_t>(sets * kWays) : 0, kEmpty);
   std::vector<Iteration> last_use(tags.size(), -1);
+  absl::flat_hash_map<int64_t, int64_t> placed;  // sparse: set -> its first line
   std::vector<int64_t> missed;
-  auto set_of = [&](RowId row) { return static_cast<int64_t>(Mix64(row) % sets); };
+  // The first line of `row`'s set; -1 for a set not placed yet unless `place`.
+  auto base_of = [&](RowId row, bool place) -> int64_t {
+    const int64_t set = static_cast<int64_t>(Mix64(row) % static_cast<uint64_t>(sets));
+    if (dense) return set * kWays;
+    if (!place) {
+      const auto it = placed.find(set);
+      return it == placed.end() ? -1 : it->second;
+    }
+    const auto [it, inserted] = placed.try_emplace(set, static_cast<int64_t>(tags.size()));
+    if (inserted) {
+      tags.resize(tags.size() + kWays, kEmpty);
+      last_use.resize(tags.size(), -1);
+    }
+    return it->second;
+  };
   for (int64_t b = 0; b < trace.batches(); ++b) {
     missed.clear();
     for (int64_t a = trace.begin(b); a < trace.end(b); ++a) {
-      const int64_t base = set_of(trace.row(a)) * kWays;
+      const int64_t base = base_of(trace.row(a), false);
+      if (base < 0) {
+        missed.push_back(a);
+        continue;
+      }
       bool hit = false;
       for (int w = 0; w < kWays && !hit; ++w) {
         if (tags[base + w] == trace.row(a)) {
@@ -218,7 +241,7 @@ void RunSetAssociative(const CompactTrace& trace, int64_t capacity, SimPolicyRes
       if (!hit) missed.push_back(a);
     }
     for (int64_t a : missed) {
-      const int64_t base = set_of(trace.row(a)) * kWays;
+      const int64_t base = base_of(trace.row(a), true);
       int64_t victim = -1;
       for (int w = 0; w < kWays; ++w) {
         const int64_t line = base + w;

@@ -54,7 +54,7 @@ struct SimOptions {
 
 struct SimPolicyResult {
   std::string policy;
-  int64_t capacity = 0;  // ttl: 0 (unbounded)
+  int64_t capacity = 0;  // ttl: 0 (unbounded; null in ToJson)
   int64_t misses = 0;
   int64_t hits = 0;
   int64_t evictions = 0;

@@ -285,6 +285,10 @@ if ! cmp -s "${CRITEO#criteo:}" "$WORK/same.tsv"; then
   echo "FAIL convert_onto_input: the input file changed"
   failures=$((failures + 1))
 fi
+expect_error sim_empty_capacity "--cache-rows '40,,50': expected positive row counts" sim \
+  --data "$SYN" --cache-rows 40,,50 --quiet
+expect_error sim_mrc_nowhere "--mrc '$WORK/none/mrc.csv': no directory '$WORK/none'" sim \
+  --data "$SYN" --cache-rows 5000 --mrc "$WORK/none/mrc.csv" --quiet
 expect_error sim_no_policy "--policies ',' names no policy" sim --data "$SYN" --cache-rows 5000 \
   --policies , --quiet
 expect_error batch_too_large_for_default_cache "the default cache of [0-9]+ rows \(4 x --batch-size 99999999999 .*lower --batch-size" \

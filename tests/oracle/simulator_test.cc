@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -210,10 +211,13 @@ TEST(SimulatorTest, TtlMatchesTheLiteralRule) {
 TEST(SimulatorTest, SetAssociativeLruMatchesItsRule) {
   const Trace t = MakeSimTrace(31, 0.9);
   SimOptions options;
-  options.capacities = {32, 64, 320, 4096};
+  // More sets than the trace's distinct rows (the last two capacities) places only the sets the
+  // trace touches: the same counts, and 2^31 - 1 rows of capacity take no 32 GiB.
+  options.capacities = {32, 64, 320, 4096, 32 * 4096, std::numeric_limits<int32_t>::max()};
   options.policies = {"lru-32way"};
   auto result = Simulate(t.batches, t.schema, options);
   ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_LT(result->unique_rows, 4096);
   for (int64_t capacity : options.capacities) {
     EXPECT_EQ(Find(*result, "lru-32way", capacity).misses,
               LiteralSetAssociative(t.demand, capacity))
