@@ -1,4 +1,5 @@
 // bagpipe: one binary for every role and tool. See README.md ("The main job").
+#include <csignal>
 #include <cstdio>
 #include <new>
 #include <stdexcept>
@@ -14,6 +15,10 @@
 #include "core/version.h"
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f, which batch systems pass on) ends a process writing past it
+  // with SIGXFSZ and no word; ignored, the write fails with EFBIG and the writer names the file
+  // (as for a full disk), keeping the previous checkpoint. Python ignores it the same way.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App root(
       "Bagpipe C++: lookahead embedding cache and prefetch runtime for DLRM training "
       "with embedding tables on embedding servers.",

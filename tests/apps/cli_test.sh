@@ -320,6 +320,20 @@ if ! grep -q "skipped 20 bad lines; the first: .*somebad.tsv:4:" "$WORK/skip_bad
   failures=$((failures + 1))
 fi
 
+# A file-size limit (ulimit -f) is a write error naming the file, not a death by SIGXFSZ.
+(
+  ulimit -f 1000
+  "$BAGPIPE" convert --data "synthetic:samples=200000,tables=8,scale=0.01" \
+    --out "$WORK/too_large.bin" --quiet >"$WORK/file_size_limit.out" 2>&1
+  echo "exit $?" >>"$WORK/file_size_limit.out"
+)
+if grep -q "File too large" "$WORK/file_size_limit.out" && grep -q "^exit 1$" "$WORK/file_size_limit.out"; then
+  echo "ok   file_size_limit"
+else
+  echo "FAIL file_size_limit: $(tail -2 "$WORK/file_size_limit.out")"
+  failures=$((failures + 1))
+fi
+
 # A pipe is read once: a dictionary-encoded pipe is refused before it is read, and convert (one
 # pass) turns it into a file that trains.
 if piped=$(cat "${CRITEO#criteo:}" | "$BAGPIPE" train --data criteo:/dev/stdin --quiet 2>&1); then
