@@ -4,9 +4,9 @@
 // — and a second one ends the process at once with status 128 + the signal's number.
 //
 // Under mpirun: Open MPI 4 forwards SIGUSR1 to every rank and lets the job end by itself, so
-// `kill -USR1 <mpirun>` stops an mpirun job cleanly. A SIGTERM to mpirun reaches the ranks
-// too, but mpirun then kills them odls_base_sigkill_timeout seconds later (default 1; raise it
-// with `mpirun --mca odls_base_sigkill_timeout 60`).
+// `kill -USR1 <mpirun>` stops an mpirun job cleanly. A SIGTERM to mpirun is no clean stop with
+// Open MPI 4.1: it reaches the ranks only after odls_base_sigkill_timeout seconds and they are
+// killed about as long after (docs/checkpoints.md, "Stopping").
 //
 // Thread-safety: the handlers are async-signal-safe (one lock-free atomic, _exit); StopSignal
 // may be called from any thread.

@@ -311,9 +311,10 @@ if [[ -n $MPIEXEC ]]; then
     fi
     same "mpirun T=2 S=2 --cache $mode: $N == $K + resumed" "$WORK/mpi_resumed_$mode" "$ref" $K
   done
-  # SIGTERM to mpirun: Open MPI forwards it to every rank, which agree on one stop iteration,
-  # and kills them odls_base_sigkill_timeout seconds later (mpirun's own exit status is 1). 10 s:
-  # under AddressSanitizer on a loaded 2-core machine 3 s was once too short for the ranks to end.
+  # SIGTERM to mpirun: Open MPI 4.1 forwards it to every rank odls_base_sigkill_timeout seconds
+  # later; the ranks agree on one stop iteration and are killed about as long after that
+  # (mpirun's own exit status is 1). 10 s: under AddressSanitizer on a loaded 2-core machine 3 s
+  # was once too short for the ranks to end. docs/checkpoints.md recommends SIGUSR1 instead.
   ck="$WORK/mpi_ck_term"
   "$MPIEXEC" -np 5 --oversubscribe --mca odls_base_sigkill_timeout 10 "$BAGPIPE" train \
     "${COMMON[@]}" "${S64[@]}" \
