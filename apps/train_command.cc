@@ -5,11 +5,13 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "apps/command.h"
 #include "apps/train_flags.h"
+#include "core/dir_lock.h"
 #include "core/logging.h"
 #include "core/metrics.h"
 #include "core/signals.h"
@@ -59,6 +61,17 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
   ASSIGN_OR_RETURN(JobOptions options, config.Resolve(schema, mpi ? mpi->size() : 0));
   const JobLayout& layout = options.layout;
   const bool is_trainer0 = mpi == nullptr || mpi->rank() == layout.trainer_rank(0);
+  // --out DIR is this job's until it ends: a second job started on it is refused before it
+  // writes a file there (rank 0 holds the lock; the files there are replaced atomically).
+  std::unique_ptr<DirLock> out_lock;
+  if (!flags.out.empty() && is_rank0) {
+    std::error_code error;
+    std::filesystem::create_directories(flags.out, error);
+    if (!error) {
+      ASSIGN_OR_RETURN(out_lock, DirLock::Acquire(flags.out, ".bagpipe-run.lock",
+                                                  absl::StrCat("--out ", flags.out)));
+    }
+  }
 
   // The model.
   DlrmLoopOptions loop;

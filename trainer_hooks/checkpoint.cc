@@ -259,7 +259,7 @@ absl::Status PrepareCheckpointDir(const std::string& dir, const nlohmann::json& 
   }
   for (const auto& entry : fs::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
-    if (IsTemporary(name)) continue;
+    if (IsTemporary(name) || name == kCheckpointDirLock) continue;
     if (ParseCheckpointName(name) < 0 || !entry.is_directory()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "--checkpoint-dir ", dir, " holds files that are not checkpoints of this job (e.g. '",
@@ -349,6 +349,16 @@ CheckpointCoordinator::CheckpointCoordinator(Transport& transport, const JobLayo
 absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
     BatchStream& train, Iteration max_iterations) {
   Start start;
+  // The directory is locked before anything in it is read or written: two jobs started on it
+  // at once would otherwise both pass PrepareCheckpointDir and replace each other's checkpoints.
+  if (writes()) {
+    std::error_code error;
+    fs::create_directories(options_.dir, error);  // an error is PrepareCheckpointDir's to report
+    if (!error) {
+      ASSIGN_OR_RETURN(lock_, DirLock::Acquire(options_.dir, kCheckpointDirLock,
+                                               absl::StrCat("--checkpoint-dir ", options_.dir)));
+    }
+  }
   if (!options_.resume.empty()) {
     ASSIGN_OR_RETURN(const std::string path, ResolveCheckpoint(options_.resume));
     ASSIGN_OR_RETURN(const CheckpointManifest manifest, ReadManifest(path));

@@ -49,6 +49,7 @@
 #define BAGPIPE_TRAINER_HOOKS_CHECKPOINT_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -57,6 +58,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/atomic_file.h"
+#include "core/dir_lock.h"
 #include "core/types.h"
 #include "data/batch.h"
 #include "data/source.h"
@@ -111,6 +113,9 @@ struct CheckpointManifest {
 };
 
 inline constexpr char kManifestName[] = "MANIFEST";
+// The lock a writing job holds on its checkpoint directory (core/dir_lock.h): a second job on
+// the same directory is refused while the first runs.
+inline constexpr char kCheckpointDirLock[] = ".bagpipe-checkpoints.lock";
 inline constexpr char kLoopStateName[] = "trainer.bin";
 // "ckpt-K".
 std::string CheckpointName(Iteration iteration);
@@ -196,6 +201,7 @@ class CheckpointCoordinator {
   const absl::Duration timeout_;
   Iteration last_written_ = 0;  // (the start: nothing new to save)
   CheckpointStats stats_;
+  std::unique_ptr<DirLock> lock_;  // held from Begin while the job writes options_.dir
 };
 
 }  // namespace bagpipe

@@ -180,8 +180,9 @@ fi
 # --- refusals: message, non-zero exit, nothing overwritten ------------------------------------
 good="$WORK/ck_oracle_T2"
 latest=$(ls "$good" | sort -t- -k2 -n | tail -1)  # ckpt-24
-snapshot() {  # every file's checksum under the given directories
-  find "$@" -type f -exec md5sum {} + 2>/dev/null | sort
+snapshot() {  # every file's checksum under the given directories (not the jobs' lock files,
+  # which hold the pid of the last job that locked the directory: core/dir_lock.h)
+  find "$@" -type f ! -name '.bagpipe-*.lock' -exec md5sum {} + 2>/dev/null | sort
 }
 # refuse NAME REGEX ARGS...: train fails with REGEX and changes no file.
 refuse() {

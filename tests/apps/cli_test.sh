@@ -334,6 +334,26 @@ else
   failures=$((failures + 1))
 fi
 
+# Two jobs on one --out or --checkpoint-dir: the second is refused while the first runs (it used
+# to pass the directory checks and replace the first one's files).
+"$BAGPIPE" train --data "$SYN" --batch-size 256 --iterations 1000000 --quiet \
+  --out "$WORK/locked" --checkpoint-dir "$WORK/locked_ck" >"$WORK/locked.out" 2>&1 &
+first=$!
+for _ in $(seq 100); do
+  [[ -s "$WORK/locked/.bagpipe-run.lock" && -s "$WORK/locked_ck/.bagpipe-checkpoints.lock" ]] && break
+  sleep 0.1
+done
+expect_error out_in_use "--out $WORK/locked is in use by another job \(pid $first holds the lock" \
+  train --data "$SYN" --batch-size 256 --iterations 5 --quiet --out "$WORK/locked"
+expect_error checkpoint_dir_in_use "--checkpoint-dir $WORK/locked_ck is in use by another job \(pid $first" \
+  train --data "$SYN" --batch-size 256 --iterations 5 --quiet --checkpoint-dir "$WORK/locked_ck"
+kill -INT $first
+wait $first
+if [[ $? -ne 75 ]]; then
+  echo "FAIL locked: the first job did not stop with status 75: $(tail -2 "$WORK/locked.out")"
+  failures=$((failures + 1))
+fi
+
 # A pipe is read once: a dictionary-encoded pipe is refused before it is read, and convert (one
 # pass) turns it into a file that trains.
 if piped=$(cat "${CRITEO#criteo:}" | "$BAGPIPE" train --data criteo:/dev/stdin --quiet 2>&1); then
