@@ -6,8 +6,8 @@
 // File DIR/params.bin: a 64 KiB header block — magic "BGPARAMS", a little-endian uint64 length
 // L, L bytes of JSON (dim, record_floats, dense_count, rows, optimizer, schema, sha256), spaces
 // to the end of the block — then, from byte 65536, the body: the dense floats, then per row
-// (uint64 RowId, record floats). All numbers little-endian. The SHA-256 of exactly those body bytes is the run's
-// parameter fingerprint (--summary-json "params_sha256"), so two runs have the same
+// (uint64 RowId, record floats). All numbers little-endian. The SHA-256 of exactly those body bytes
+// is the run's parameter fingerprint (--summary-json "params_sha256"), so two runs have the same
 // fingerprint iff their parameters are bit-identical.
 #ifndef BAGPIPE_TRAINER_HOOKS_PARAM_DUMP_H_
 #define BAGPIPE_TRAINER_HOOKS_PARAM_DUMP_H_
