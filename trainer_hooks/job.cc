@@ -187,6 +187,17 @@ absl::Status GatherAtRankZero(Transport& transport, const JobOptions& options,
   }
   const int record_floats =
       RecordFloats(options.trainer.sparse_optimizer.kind, options.trainer.dim);
+  // A stop that came after the evaluation skips the parameter collection too (long with large
+  // tables); the rows of the last iteration are in its checkpoint, where the job writes one.
+  if (options.collect_parameters && result->oracle.stopped_at < 0) {
+    if (const int signal = PollStopRequest(transport, options.stop_requested); signal != 0) {
+      BAGPIPE_LOG(WARNING) << "stop requested (signal " << signal
+                           << ") before the parameters were gathered: they stay unread";
+      result->oracle.stopped_at = result->oracle.end_iteration;
+      result->oracle.stop_signal = signal;
+      result->oracle.stopped_after_training = true;
+    }
+  }
   // A stopped job's rows stay on the servers (and in its checkpoint).
   if (options.collect_parameters && result->oracle.stopped_at < 0) {
     if (sink.dense) RETURN_IF_ERROR(sink.dense(result->trainers[0].dense_parameters));

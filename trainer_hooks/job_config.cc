@@ -431,15 +431,23 @@ absl::Status StoppedJobStatus(const OracleRoleStats& oracle, const CheckpointOpt
                        : oracle.stop_signal == SIGUSR1 ? "SIGUSR1"
                                                        : "a stop request";
   const CheckpointStats& saved = oracle.checkpoint;
+  // A stop after the last iteration: the training is complete; what was skipped is said.
+  const std::string at = oracle.stopped_after_training
+                             ? absl::StrFormat(
+                                   "after the training ended at iteration %d (the rest of the "
+                                   "evaluation and the parameter collection skipped)",
+                                   oracle.stopped_at)
+                             : absl::StrFormat("at iteration %d", oracle.stopped_at);
   if (saved.last.empty() && saved.resumed_from.empty()) {
-    return absl::CancelledError(absl::StrFormat(
-        "stopped by %s at iteration %d; nothing saved (%s)", signal, oracle.stopped_at,
-        checkpoint.dir.empty() ? "no --checkpoint-dir" : "no iteration ran"));
+    return absl::CancelledError(
+        absl::StrFormat("stopped by %s %s; nothing saved (%s)", signal, at,
+                        checkpoint.dir.empty() ? "no --checkpoint-dir" : "no iteration ran"));
   }
-  return absl::CancelledError(absl::StrFormat(
-      "stopped by %s at iteration %d; resume with --resume %s (checkpoint %s)", signal,
-      oracle.stopped_at, checkpoint.dir.empty() ? saved.resumed_from : checkpoint.dir,
-      saved.last.empty() ? saved.resumed_from : saved.last));
+  return absl::CancelledError(
+      absl::StrFormat("stopped by %s %s; resume with --resume %s (checkpoint %s)%s", signal, at,
+                      checkpoint.dir.empty() ? saved.resumed_from : checkpoint.dir,
+                      saved.last.empty() ? saved.resumed_from : saved.last,
+                      oracle.stopped_after_training ? " to run them" : ""));
 }
 
 }  // namespace bagpipe

@@ -25,7 +25,22 @@ nlohmann::json OracleRoleStats::ToJson() const {
           {"data", data},
           {"eval_data", eval_data},
           {"stopped_at", stopped_at},
-          {"stop_signal", stop_signal}};
+          {"stop_signal", stop_signal},
+          {"stopped_after_training", stopped_after_training},
+          {"end_iteration", end_iteration}};
+}
+
+int PollStopRequest(Transport& transport, const std::function<int()>& stop_requested) {
+  if (stop_requested) {
+    if (const int signal = stop_requested(); signal != 0) return signal;
+  }
+  absl::StatusOr<Message> message =
+      transport.Receive(kAnySource, kTagStopRequest, absl::ZeroDuration());
+  if (!message.ok()) return 0;
+  WireReader r(message->payload, "stop request");
+  int32_t signal = 0;
+  if (!r.Get(&signal).ok() || signal == 0) signal = SIGTERM;
+  return signal;
 }
 
 TrainerPlan MakeEvalPlan(const Batch& global_batch, const Schema& schema, int trainer,
@@ -110,19 +125,7 @@ class OracleRunner {
     return transport_.Send(layout_.trainer_rank(t), kTagPlan, std::move(bytes));
   }
 
-  // A stop asked of this process, or of any other rank (kTagStopRequest): its signal, or 0.
-  int PollStop() {
-    if (options_.stop_requested) {
-      if (const int signal = options_.stop_requested(); signal != 0) return signal;
-    }
-    absl::StatusOr<Message> message =
-        transport_.Receive(kAnySource, kTagStopRequest, absl::ZeroDuration());
-    if (!message.ok()) return 0;
-    WireReader r(message->payload, "stop request");
-    int32_t signal = 0;
-    if (!r.Get(&signal).ok() || signal == 0) signal = SIGTERM;
-    return signal;
-  }
+  int PollStop() { return PollStopRequest(transport_, options_.stop_requested); }
 
   absl::Status Run(BatchStream& train, BatchStream* eval) {
     if (!options_.checkpoint.resume.empty() && options_.planner.policy == CachePolicy::kDevice) {
@@ -233,14 +236,21 @@ class OracleRunner {
     }
     stats_->planner = planner_total.ToJson();
     stats_->checkpoint = checkpoints.stats();
-    if (stop != 0) {
-      stats_->stopped_at = next;
-      stats_->stop_signal = stop;
-    }
+    stats_->end_iteration = next;
     if (eval != nullptr && stop == 0) {
       const Schema& schema = options_.planner.schema;
       Iteration index = 0;
       while (true) {
+        // A stop during the evaluation skips the rest of it (and the parameter collection): the
+        // trained state is in the checkpoint of the last iteration, where the job writes one.
+        if ((stop = PollStop()) != 0) {
+          BAGPIPE_LOG(WARNING) << "stop requested (signal " << stop
+                               << ") during the evaluation: it ends after " << index
+                               << " batch(es); the training ran to its end (iteration " << next
+                               << ")";
+          stats_->stopped_after_training = true;
+          break;
+        }
         ASSIGN_OR_RETURN(const bool got, eval->Next(&batch));
         if (!got) break;
         RETURN_IF_ERROR(Annotate(batch.Validate(schema), "evaluation data"));
@@ -252,6 +262,10 @@ class OracleRunner {
         ++index;
         ++stats_->eval_batches;
       }
+    }
+    if (stop != 0) {
+      stats_->stopped_at = next;
+      stats_->stop_signal = stop;
     }
     TrainerPlan end;
     for (int t = 0; t < layout_.trainers; ++t) {

@@ -51,9 +51,15 @@ struct OracleRoleStats {
   // where there is none.
   nlohmann::json data;
   nlohmann::json eval_data;
-  // A stopped job: the iteration it stopped at (-1: it ran to its end) and why.
+  // A stopped job: the iteration it stopped at (-1: it ran to its end) and why. A stop after
+  // the last iteration (during the evaluation, or before rank 0 gathers the parameters) sets
+  // stopped_after_training: the training ran to its end, and is saved where the job writes
+  // checkpoints; the evaluation and the parameter collection were skipped.
   Iteration stopped_at = -1;
   int stop_signal = 0;
+  bool stopped_after_training = false;
+  // The iteration after the last one trained (the first a resumed job would train).
+  Iteration end_iteration = 0;
   nlohmann::json ToJson() const;
 };
 
@@ -61,6 +67,10 @@ struct OracleRoleStats {
 // `eval` may be null. On failure the job is aborted (every rank sees the error).
 absl::Status RunOracle(Transport& transport, const JobLayout& layout, BatchStream& train,
                        BatchStream* eval, const OracleRoleOptions& options, OracleRoleStats* stats);
+
+// A stop asked of this process (`stop_requested`, may be empty) or of any other rank (a
+// kTagStopRequest message to rank 0, taken here): its signal number, or 0. Rank 0 only.
+int PollStopRequest(Transport& transport, const std::function<int()>& stop_requested);
 
 // Turns shard `trainer` of an evaluation batch into a kEval plan (rows deduplicated, slots
 // 0..unique-1 of a scratch table). Exposed for tests.

@@ -15,12 +15,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "data/source.h"
 #include "data/synthetic.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/shard_file.h"
 #include "sync/protocol.h"
 #include "trainer_hooks/job.h"
+#include "trainer_hooks/job_config.h"
 #include "trainer_hooks/param_dump.h"
 
 namespace bagpipe {
@@ -249,15 +251,28 @@ struct JobRun {
   JobResult result;
 };
 
-// `stop_after`: polls of stop_requested after which it says SIGTERM (-1: never).
+// When the run says SIGTERM through stop_requested.
+struct StopAt {
+  int polls = -1;               // after this many polls (by any role; -1: never)
+  bool after_training = false;  // once a trainer's loop has returned
+};
+
+// Trains on the first 5120 samples of kData (80 batches of 64); with `eval`, evaluates the last
+// 1280 (20 batches).
 JobRun Train(const std::string& policy, int trainers, int iterations, CheckpointOptions checkpoint,
-             int stop_after = -1) {
+             StopAt stop = {}, bool eval = false) {
   JobRun run;
   auto config = ParseSyntheticConfig(kData);
   auto source = OpenSynthetic(*config, SourceOptions{});
   const Schema schema = (*source)->schema();
-  auto stream = std::make_unique<BatchStream>(std::move(*source),
+  auto stream = std::make_unique<BatchStream>(SampleRange(std::move(*source), 0, 5120),
                                               BatchStream::Options{64, /*epochs=*/0, false});
+  std::unique_ptr<BatchStream> eval_stream;
+  if (eval) {
+    auto tail = OpenSynthetic(*config, SourceOptions{});
+    eval_stream = std::make_unique<BatchStream>(SampleRange(std::move(*tail), 5120, -1),
+                                                BatchStream::Options{64, /*epochs=*/1, false});
+  }
   JobOptions options;
   options.layout = {2, trainers};
   options.peer_timeout = absl::Seconds(60);
@@ -274,12 +289,14 @@ JobRun Train(const std::string& policy, int trainers, int iterations, Checkpoint
   options.oracle.planner.policy = options.trainer.policy;
   options.oracle.max_iterations = iterations;
   options.checkpoint = std::move(checkpoint);
-  // stop_requested is polled by every role at its boundaries: say SIGTERM after `stop_after`
-  // polls, somewhere in the middle of the run.
+  // stop_requested is polled by every role at its boundaries: say SIGTERM after `stop.polls`
+  // polls (somewhere in the middle of the run), or once the training has ended.
   std::atomic<int> polls{0};
-  if (stop_after >= 0) {
-    options.stop_requested = [&polls, stop_after] {
-      return polls.fetch_add(1) >= stop_after ? SIGTERM : 0;
+  std::atomic<bool> trained{false};
+  if (stop.polls >= 0 || stop.after_training) {
+    options.stop_requested = [&polls, &trained, stop] {
+      if (stop.after_training) return trained.load() ? SIGTERM : 0;
+      return polls.fetch_add(1) >= stop.polls ? SIGTERM : 0;
     };
   }
   auto writer = ParamWriter::Create("", {}, RecordFloats(OptimizerKind::kAdagrad, kDim));
@@ -288,9 +305,11 @@ JobRun Train(const std::string& policy, int trainers, int iterations, Checkpoint
   sink.row = [&](RowId row, const float* record) { return (*writer)->AddRow(row, record); };
   const int tables = schema.num_tables();
   run.status = RunEmbeddedJob(
-      options, std::move(stream), nullptr,
+      options, std::move(stream), std::move(eval_stream),
       [&](Trainer& trainer, TrainerOutcome* outcome) {
-        return LogisticLoop(trainer, tables, outcome);
+        const absl::Status status = LogisticLoop(trainer, tables, outcome);
+        trained = true;
+        return status;
       },
       sink, &run.result);
   if (run.status.ok()) run.sha = *(*writer)->Finish();
@@ -328,7 +347,7 @@ TEST(CheckpointJobTest, StopRequestedMidRunThenResumedEqualsTheUninterruptedRun)
   ASSERT_TRUE(reference.status.ok()) << reference.status;
   CheckpointOptions checkpoint;
   checkpoint.dir = dir / "ck";
-  const JobRun stopped = Train("oracle", 2, 60, checkpoint, /*stop_after=*/60);
+  const JobRun stopped = Train("oracle", 2, 60, checkpoint, {.polls = 60});
   ASSERT_TRUE(stopped.status.ok()) << stopped.status;
   const Iteration at = stopped.result.oracle.stopped_at;
   EXPECT_GT(at, 0);
@@ -348,11 +367,59 @@ TEST(CheckpointJobTest, StopRequestedBeforeTheFirstBatchSavesNothing) {
   TempDir dir;
   CheckpointOptions checkpoint;
   checkpoint.dir = dir / "ck";
-  const JobRun early = Train("oracle", 1, 60, checkpoint, /*stop_after=*/0);
+  const JobRun early = Train("oracle", 1, 60, checkpoint, {.polls = 0});
   ASSERT_TRUE(early.status.ok()) << early.status;
   EXPECT_EQ(early.result.oracle.stopped_at, 0);
   EXPECT_EQ(early.result.oracle.stop_signal, SIGTERM);
   EXPECT_EQ(early.result.oracle.checkpoint.written, 0);
+}
+
+// A stop after the last iteration skips the evaluation and the parameter collection (the final
+// checkpoint holds the trained state); the resumed job trains nothing, evaluates and gathers the
+// same parameters as the uninterrupted run.
+TEST(CheckpointJobTest, StopAfterTheTrainingSkipsEvaluationAndCollection) {
+  const JobRun reference = Train("oracle", 2, 60, {}, {}, /*eval=*/true);
+  ASSERT_TRUE(reference.status.ok()) << reference.status;
+  ASSERT_EQ(reference.result.oracle.eval_batches, 20);
+  EXPECT_GT(reference.result.parameter_rows, 0);
+  EXPECT_LT(reference.result.oracle.stopped_at, 0);
+  for (const bool eval : {true, false}) {
+    SCOPED_TRACE(eval ? "stop during the evaluation" : "stop before the parameter collection");
+    TempDir dir;
+    CheckpointOptions checkpoint;
+    checkpoint.dir = dir / "ck";
+    const JobRun stopped = Train("oracle", 2, 60, checkpoint, {.after_training = true}, eval);
+    ASSERT_TRUE(stopped.status.ok()) << stopped.status;
+    const OracleRoleStats& oracle = stopped.result.oracle;
+    EXPECT_EQ(oracle.stopped_at, 60);
+    EXPECT_EQ(oracle.stop_signal, SIGTERM);
+    EXPECT_TRUE(oracle.stopped_after_training);
+    EXPECT_EQ(oracle.iterations, 60);
+    if (eval) EXPECT_LT(oracle.eval_batches, 20);  // the queues hold fewer than 20 plans
+    EXPECT_EQ(stopped.result.parameter_rows, 0);
+    EXPECT_EQ(oracle.checkpoint.last, checkpoint.dir + "/" + CheckpointName(60));
+    const std::string message(StoppedJobStatus(oracle, checkpoint).message());
+    EXPECT_THAT(message, HasSubstr("stopped by SIGTERM after the training ended at iteration 60 "
+                                   "(the rest of the evaluation and the parameter collection "
+                                   "skipped); resume with --resume " +
+                                   checkpoint.dir));
+    EXPECT_THAT(message, HasSubstr("to run them"));
+
+    CheckpointOptions resume = checkpoint;
+    resume.resume = checkpoint.dir;
+    const JobRun resumed = Train("oracle", 2, 60, resume, {}, /*eval=*/true);
+    ASSERT_TRUE(resumed.status.ok()) << resumed.status;
+    EXPECT_EQ(resumed.result.oracle.iterations, 0);
+    EXPECT_EQ(resumed.result.oracle.eval_batches, 20);
+    EXPECT_EQ(resumed.result.parameter_rows, reference.result.parameter_rows);
+    EXPECT_EQ(resumed.sha, reference.sha);
+  }
+  // Without a checkpoint directory nothing is saved, and the line says so.
+  const JobRun unsaved = Train("oracle", 2, 60, {}, {.after_training = true}, /*eval=*/true);
+  ASSERT_TRUE(unsaved.status.ok()) << unsaved.status;
+  EXPECT_THAT(std::string(StoppedJobStatus(unsaved.result.oracle, {}).message()),
+              HasSubstr("ended at iteration 60 (the rest of the evaluation and the parameter "
+                        "collection skipped); nothing saved (no --checkpoint-dir)"));
 }
 
 }  // namespace
