@@ -51,12 +51,13 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
 
   // Data: every rank opens it to learn the schema (dictionary-encoded text is scanned once so
   // the table sizes are exact); only rank 0 streams it.
-  ASSIGN_OR_RETURN(
-      JobData data,
-      OpenJobData(config, is_rank0,
-                  [&flags](std::unique_ptr<SampleSource> source, const std::string& label) {
-                    return WithProgress(std::move(source), flags.data, label);
-                  }));
+  ASSIGN_OR_RETURN(JobData data,
+                   OpenJobData(
+                       config, is_rank0,
+                       [&flags](std::unique_ptr<SampleSource> source, const std::string& label) {
+                         return WithProgress(std::move(source), flags.data, label);
+                       },
+                       [] { return StopSignal(); }));
   const Schema& schema = data.schema;
   ASSIGN_OR_RETURN(JobOptions options, config.Resolve(schema, mpi ? mpi->size() : 0));
   const JobLayout& layout = options.layout;

@@ -103,12 +103,30 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenSource(std::string_view spec,
                    "'; expected synthetic[:k=v,...], criteo:PATH, csv:PATH or bin:PATH"));
 }
 
-absl::StatusOr<Schema> ScanSchema(SampleSource& source) {
+namespace {
+
+// Reads one epoch of `source` in blocks, polling `stop_requested` between them; returns the
+// samples read.
+absl::StatusOr<int64_t> ReadEpoch(SampleSource& source, const StopPoll& stop_requested) {
   Batch batch;
+  int64_t total = 0;
   while (true) {
+    if (stop_requested) {
+      if (const int signal = stop_requested(); signal != 0) {
+        return absl::CancelledError(absl::StrCat("stop requested (signal ", signal, ") after ",
+                                                 total, " samples of ", source.Describe()));
+      }
+    }
     ASSIGN_OR_RETURN(const int64_t read, source.Read(1 << 16, &batch));
-    if (read == 0) break;
+    if (read == 0) return total;
+    total += read;
   }
+}
+
+}  // namespace
+
+absl::StatusOr<Schema> ScanSchema(SampleSource& source, const StopPoll& stop_requested) {
+  RETURN_IF_ERROR(ReadEpoch(source, stop_requested).status());
   Schema schema = source.schema();
   RETURN_IF_ERROR(source.Rewind());
   return schema;
@@ -169,14 +187,8 @@ std::unique_ptr<SampleSource> SampleRange(std::unique_ptr<SampleSource> source, 
   return std::make_unique<RangeSource>(std::move(source), begin, end);
 }
 
-absl::StatusOr<int64_t> CountSamples(SampleSource& source) {
-  Batch batch;
-  int64_t total = 0;
-  while (true) {
-    ASSIGN_OR_RETURN(const int64_t read, source.Read(1 << 16, &batch));
-    if (read == 0) break;
-    total += read;
-  }
+absl::StatusOr<int64_t> CountSamples(SampleSource& source, const StopPoll& stop_requested) {
+  ASSIGN_OR_RETURN(const int64_t total, ReadEpoch(source, stop_requested));
   RETURN_IF_ERROR(source.Rewind());
   return total;
 }

@@ -17,6 +17,7 @@
 #define BAGPIPE_DATA_SOURCE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -86,9 +87,13 @@ absl::Status RefuseCompressedFile(int fd, const std::string& what);
 absl::StatusOr<std::unique_ptr<SampleSource>> OpenSource(std::string_view spec,
                                                          const SourceOptions& options);
 
+// Polled between blocks of a whole-source pass (ScanSchema, CountSamples): non-zero (a signal
+// number) ends the pass with a Cancelled error saying how far it got. May be empty.
+using StopPoll = std::function<int()>;
+
 // Reads the whole source once (one epoch) and returns its final schema (exact table sizes for
 // dictionary-encoded text), then rewinds it. Used where table sizes must be known up front.
-absl::StatusOr<Schema> ScanSchema(SampleSource& source);
+absl::StatusOr<Schema> ScanSchema(SampleSource& source, const StopPoll& stop_requested = nullptr);
 
 // Samples [begin, end) of every epoch of `source` (earlier samples are read and dropped), e.g.
 // the held-out tail of a dataset. end = -1: to the end of the epoch.
@@ -96,7 +101,8 @@ std::unique_ptr<SampleSource> SampleRange(std::unique_ptr<SampleSource> source, 
                                           int64_t end);
 
 // Counts the samples of one epoch of `source` by reading it, then rewinds it.
-absl::StatusOr<int64_t> CountSamples(SampleSource& source);
+absl::StatusOr<int64_t> CountSamples(SampleSource& source,
+                                     const StopPoll& stop_requested = nullptr);
 
 // Global batches of `batch_size` consecutive samples from a source: the unit the oracle plans.
 // With `epochs` > 1 (or 0 = endless) the source is rewound at its end; with drop_last the final

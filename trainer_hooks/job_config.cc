@@ -360,9 +360,20 @@ absl::Status ValidateJobOptions(const JobOptions& options) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream,
-                                    const SourceWrapper& wrap) {
+absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream, const SourceWrapper& wrap,
+                                    const StopPoll& stop_requested) {
   if (config.data.empty()) return Invalid("no data source (--data)");
+  // The passes over the whole data (minutes on a Criteo day file) end at a stop.
+  int stop_signal = 0;
+  StopPoll poll;
+  if (stop_requested) {
+    poll = [&] { return stop_signal = stop_requested(); };
+  }
+  const auto stopped = [&](const absl::Status& status, const char* pass) {
+    if (!absl::IsCancelled(status) || stop_signal == 0) return status;
+    return absl::CancelledError(absl::StrCat("stopped by ", StopSignalName(stop_signal), " while ",
+                                             pass, " (", status.message(), "); nothing saved"));
+  };
   const bool dictionary_text =
       absl::StartsWith(config.data, "csv:") ||
       (absl::StartsWith(config.data, "criteo:") && config.source.row_budget == 0);
@@ -395,7 +406,9 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream,
   if (dictionary_text) {
     // Dictionary-encoded text: one pass to learn the exact table sizes.
     if (stream && wrap) source = wrap(std::move(source), "scanning for table sizes");
-    ASSIGN_OR_RETURN(data.schema, ScanSchema(*source));
+    absl::StatusOr<Schema> scanned = ScanSchema(*source, poll);
+    if (!scanned.ok()) return stopped(scanned.status(), "scanning the data for the table sizes");
+    data.schema = *std::move(scanned);
   }
   if (data.schema.num_tables() == 0) {
     return Invalid("--data ", config.data, ": the dataset has no embedding tables");
@@ -405,7 +418,9 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream,
     return data;
   }
   if (config.eval_fraction > 0) {
-    ASSIGN_OR_RETURN(const int64_t total, CountSamples(*source));
+    absl::StatusOr<int64_t> counted = CountSamples(*source, poll);
+    if (!counted.ok()) return stopped(counted.status(), "counting the samples for --eval-fraction");
+    const int64_t total = *counted;
     const int64_t eval_samples = static_cast<int64_t>(std::llround(config.eval_fraction * total));
     if (eval_samples <= 0 || eval_samples >= total) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -425,11 +440,15 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream,
   return data;
 }
 
+const char* StopSignalName(int signal) {
+  return signal == SIGINT    ? "SIGINT"
+         : signal == SIGTERM ? "SIGTERM"
+         : signal == SIGUSR1 ? "SIGUSR1"
+                             : "a stop request";
+}
+
 absl::Status StoppedJobStatus(const OracleRoleStats& oracle, const CheckpointOptions& checkpoint) {
-  const char* signal = oracle.stop_signal == SIGINT    ? "SIGINT"
-                       : oracle.stop_signal == SIGTERM ? "SIGTERM"
-                       : oracle.stop_signal == SIGUSR1 ? "SIGUSR1"
-                                                       : "a stop request";
+  const char* signal = StopSignalName(oracle.stop_signal);
   const CheckpointStats& saved = oracle.checkpoint;
   // A stop after the last iteration: the training is complete; what was skipped is said.
   const std::string at = oracle.stopped_after_training

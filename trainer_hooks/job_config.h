@@ -139,9 +139,15 @@ using SourceWrapper = std::function<std::unique_ptr<SampleSource>(
 
 // Opens config.data: the schema, and with `stream` the training batches (the first
 // 1 - eval_fraction of the data, `epochs` passes or endless when `iterations` is set) and the
-// held-out tail. REQUIRES: config.data is not empty.
+// held-out tail. `stop_requested` (may be empty) is polled during the passes over the whole data
+// before training (the scan of dictionary-encoded text, the count for eval_fraction): a stop
+// there ends it with a Cancelled error (the stopped line). REQUIRES: config.data is not empty.
 absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream,
-                                    const SourceWrapper& wrap = nullptr);
+                                    const SourceWrapper& wrap = nullptr,
+                                    const StopPoll& stop_requested = nullptr);
+
+// "SIGINT", "SIGTERM", "SIGUSR1", or "a stop request" for another signal number.
+const char* StopSignalName(int signal);
 
 }  // namespace bagpipe
 

@@ -3,6 +3,8 @@
 // in a JobOptions assembled by hand — is rejected with an error naming the options and values.
 #include "trainer_hooks/job_config.h"
 
+#include <signal.h>
+
 #include <string>
 
 #include "data/synthetic.h"
@@ -226,6 +228,39 @@ TEST(JobConfigTest, OpenJobDataReadsTheSourceAndItsHeldOutTail) {
   EXPECT_EQ(schema_only->schema, data->schema);
   config.data = "nosuch:x";
   EXPECT_FALSE(OpenJobData(config, true).ok());
+}
+
+// A stop during a pass over the whole data before training (minutes on a Criteo day file) ends
+// it at the next block of samples, with the stopped line.
+TEST(JobConfigTest, OpenJobDataStopsDuringItsPassesOverTheData) {
+  const std::string movielens =
+      std::string(BAGPIPE_SOURCE_DIR) + "/tests/fixtures/movielens_small.csv";
+  JobConfig config;
+  config.data = "csv:" + movielens;  // dictionary-encoded: scanned for the table sizes
+  config.source.schema = "label=rating>3.5; sparse=userId,movieId";
+  config.batch_size = 1024;
+  int polls = 0;
+  const StopPoll second_poll = [&polls] { return ++polls >= 2 ? SIGTERM : 0; };
+  auto scanned = OpenJobData(config, /*stream=*/true, nullptr, second_poll);
+  ASSERT_TRUE(absl::IsCancelled(scanned.status())) << scanned.status();
+  EXPECT_THAT(std::string(scanned.status().message()),
+              HasSubstr("stopped by SIGTERM while scanning the data for the table sizes (stop "
+                        "requested (signal 15) after 65536 samples of csv:" +
+                        movielens));
+  EXPECT_THAT(std::string(scanned.status().message()), HasSubstr("; nothing saved"));
+  EXPECT_EQ(polls, 2);
+  // Without a stop the same data opens (the poll is read at every block: 100,004 samples).
+  polls = -100;
+  ASSERT_TRUE(OpenJobData(config, true, nullptr, second_poll).ok());
+  EXPECT_EQ(polls, -100 + 3);
+
+  config.data = "synthetic:samples=200000,tables=2,seed=4";
+  config.source.schema.clear();
+  config.eval_fraction = 0.1;  // counts the samples first
+  auto counted = OpenJobData(config, true, nullptr, [] { return SIGUSR1; });
+  ASSERT_TRUE(absl::IsCancelled(counted.status())) << counted.status();
+  EXPECT_THAT(std::string(counted.status().message()),
+              HasSubstr("stopped by SIGUSR1 while counting the samples for --eval-fraction"));
 }
 
 }  // namespace
