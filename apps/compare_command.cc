@@ -67,8 +67,7 @@ absl::StatusOr<Run> LoadRun(const std::string& path) {
     while (std::getline(in, line)) {
       ++number;
       if (line.empty()) continue;
-      const nlohmann::json record =
-          nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      const nlohmann::json record = ParseUntrustedJson(line);
       // A last line without its newline is one a killed job was writing (core/metrics.h).
       if (record.is_discarded() && in.eof()) break;
       const std::string where = absl::StrCat(metrics_path.string(), ":", number, ": ");

@@ -20,6 +20,21 @@ absl::Status Missing(absl::string_view key) {
 
 }  // namespace
 
+nlohmann::json ParseUntrustedJson(std::string_view text, bool* too_deep) {
+  bool deep = false;
+  // The callback sees every value with its depth; a value too deep is dropped, not built.
+  nlohmann::json value = nlohmann::json::parse(
+      text,
+      [&deep](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+        if (depth > kMaxJsonDepth) deep = true;
+        return !deep;
+      },
+      /*allow_exceptions=*/false);
+  if (too_deep != nullptr) *too_deep = deep;
+  if (deep) return nlohmann::json(nlohmann::json::value_t::discarded);
+  return value;
+}
+
 absl::StatusOr<int64_t> JsonToInt64(const nlohmann::json& value, absl::string_view what) {
   if (value.is_number_unsigned()) {
     const uint64_t u = value.get<uint64_t>();

@@ -6,12 +6,22 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace bagpipe {
+
+// Nesting that untrusted JSON may have (the product's own files nest a few levels).
+inline constexpr int kMaxJsonDepth = 64;
+
+// Parses untrusted JSON (a file, a message): a discarded value (is_discarded()) when `text` is not
+// JSON or nests deeper than kMaxJsonDepth. nlohmann's copies, comparisons and dumps recurse once
+// per level: a crafted document nested a hundred thousand levels deep would overflow the stack
+// there, so such a document is refused here. *too_deep (may be null) tells the two apart.
+nlohmann::json ParseUntrustedJson(std::string_view text, bool* too_deep = nullptr);
 
 // `value` as an int64: it must be a JSON integer within the int64 range. `what` names it in the
 // error ("samples").

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/atomic_file.h"
+#include "core/json_fields.h"
 #include "core/status.h"
 
 namespace bagpipe {
@@ -46,6 +47,13 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration) {
   }
   std::string kept;
   if (keep_through_iteration >= 0) {
+    // Read back only from a regular file: a FIFO would block and a device never end.
+    std::error_code error;
+    const auto status = std::filesystem::status(path_, error);
+    if (!error && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "metrics file '", path_, "' is not a regular file (a directory, FIFO or device)"));
+    }
     std::ifstream in(path_, std::ios::binary);
     std::stringstream buffer;
     buffer << in.rdbuf();
@@ -55,12 +63,15 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration) {
       const size_t end = old.find('\n', begin);
       if (end == std::string::npos) break;  // a torn last line
       const std::string_view line(old.data() + begin, end - begin);
-      const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
-      if (!record.is_discarded() &&
-          (!record.is_object() || !record.contains("iteration") ||
-           record.value("iteration", int64_t{0}) <= keep_through_iteration)) {
-        kept.append(old, begin, end + 1 - begin);
+      // Lines up to the iteration resumed from stay, and lines that name no iteration; a line
+      // whose "iteration" is not an int64 (a damaged line) goes.
+      const nlohmann::json record = ParseUntrustedJson(line);
+      bool keep = !record.is_discarded();
+      if (keep && record.is_object() && record.contains("iteration")) {
+        const absl::StatusOr<int64_t> iteration = JsonToInt64(record["iteration"], "iteration");
+        keep = iteration.ok() && *iteration <= keep_through_iteration;
       }
+      if (keep) kept.append(old, begin, end + 1 - begin);
       begin = end + 1;
     }
   }
@@ -104,9 +115,14 @@ absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path) {
   if (!in) {
     return absl::NotFoundError(absl::StrCat("cannot open '", path, "': ", std::strerror(errno)));
   }
-  nlohmann::json value = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::stringstream text;
+  text << in.rdbuf();
+  bool too_deep = false;
+  nlohmann::json value = ParseUntrustedJson(text.str(), &too_deep);
   if (value.is_discarded()) {
-    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not valid JSON"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", path, "' is not valid JSON",
+        too_deep ? absl::StrCat(" (nested deeper than ", kMaxJsonDepth, " levels)") : ""));
   }
   return value;
 }

@@ -343,7 +343,7 @@ class BinarySource final : public SampleSource {
             absl::StrFormat("%016x", header_checksum), ")"));
       }
     }
-    const nlohmann::json header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json header = ParseUntrustedJson(text);
     if (header.is_discarded() || !header.is_object()) {
       return absl::DataLossError(
           absl::StrCat("bin: '", path_, "' has a corrupt header (not a JSON object)"));

@@ -48,7 +48,7 @@ absl::StatusOr<DenseLoopState> DecodeDenseLoopState(std::string_view bytes) {
   };
   const size_t newline = bytes.find('\n');
   if (newline == std::string_view::npos) return bad("has no header line");
-  const nlohmann::json header = nlohmann::json::parse(bytes.substr(0, newline), nullptr, false);
+  const nlohmann::json header = ParseUntrustedJson(bytes.substr(0, newline));
   if (header.is_discarded() || !header.is_object()) return bad("has no valid header");
   auto field = [&](const char* key) -> absl::StatusOr<int64_t> {
     absl::StatusOr<int64_t> value = JsonInt64(header, key);

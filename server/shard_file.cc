@@ -1,5 +1,6 @@
 #include "server/shard_file.h"
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -73,8 +74,7 @@ absl::Status LoadShard(const std::string& path, const ShardIdentity& identity,
   if (payload.size() < sizeof(length)) return damaged("no header");
   std::memcpy(&length, payload.data(), sizeof(length));
   if (payload.size() - sizeof(length) < length) return damaged("header longer than the file");
-  const nlohmann::json header =
-      nlohmann::json::parse(payload.substr(sizeof(length), length), nullptr, false);
+  const nlohmann::json header = ParseUntrustedJson(payload.substr(sizeof(length), length));
   if (header.is_discarded() || !header.is_object()) return damaged("malformed header");
   const int rf = store->record_floats();
   // Typed fields: a crafted header (its CRC32C recomputed) must not throw or overflow.
@@ -119,6 +119,13 @@ absl::Status LoadShard(const std::string& path, const ShardIdentity& identity,
     if (ServerOfRow(row, identity.servers) != identity.server) {
       return damaged(absl::StrFormat("row %d belongs to server %d, not %d", row,
                                      ServerOfRow(row, identity.servers), identity.server));
+    }
+    // Training stops at a non-finite value (it diverged): a shard holding one is damaged.
+    for (int f = 0; f < rf; ++f) {
+      if (!std::isfinite(record[static_cast<size_t>(f)])) {
+        return damaged(absl::StrFormat("row %d holds a non-finite value (%f) at float %d", row,
+                                       record[static_cast<size_t>(f)], f));
+      }
     }
     if (!store->Insert(row, record.data())) {
       return damaged(absl::StrFormat("row %d appears twice", row));

@@ -66,6 +66,16 @@ nlohmann::json StreamJson(const StreamPosition& s) {
 // Removes a checkpoint directory: its manifest first, so that it stops existing at once.
 absl::Status RemoveCheckpoint(const std::string& path) {
   std::error_code error;
+  // The job writes directories: a symbolic link in their place is removed, not followed (what
+  // it points to is not this job's).
+  if (fs::is_symlink(fs::symlink_status(path, error))) {
+    fs::remove(path, error);
+    if (error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot remove the link '", path, "': ", error.message()));
+    }
+    return absl::OkStatus();
+  }
   fs::remove(fs::path(path) / kManifestName, error);
   if (error) {
     return absl::FailedPreconditionError(
@@ -137,10 +147,12 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& checkpoint) {
                    ChecksummedFile::Open((fs::path(checkpoint) / kManifestName).string(),
                                          std::string_view(kManifestMagic, 8),
                                          kCheckpointFormatVersion, "checkpoint manifest"));
-  const nlohmann::json j = nlohmann::json::parse(file.payload(), nullptr, false);
+  bool too_deep = false;
+  const nlohmann::json j = ParseUntrustedJson(file.payload(), &too_deep);
   auto bad = [&](const std::string& why) {
     return absl::DataLossError(absl::StrCat("checkpoint manifest '", file.path(), "': ", why));
   };
+  if (too_deep) return bad(absl::StrCat("nested deeper than ", kMaxJsonDepth, " levels"));
   if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
   // Typed fields: a crafted manifest (its CRC32C recomputed) must not throw or overflow a cast.
   auto integer = [&](const nlohmann::json& object, const char* key, int64_t min,
@@ -363,6 +375,14 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
     ASSIGN_OR_RETURN(const std::string path, ResolveCheckpoint(options_.resume));
     ASSIGN_OR_RETURN(const CheckpointManifest manifest, ReadManifest(path));
     RETURN_IF_ERROR(MatchIdentity(manifest.identity, options_.identity, path));
+    // The job names a checkpoint by its iteration: another name is a renamed or copied one.
+    if (const Iteration named = ParseCheckpointName(fs::path(path).filename().string());
+        named >= 0 && named != manifest.iteration) {
+      return absl::DataLossError(absl::StrFormat(
+          "checkpoint %s: its manifest says iteration %d, its name %s (renamed or copied over "
+          "another checkpoint?)",
+          path, manifest.iteration, CheckpointName(named)));
+    }
     if (max_iterations >= 0 && manifest.iteration > max_iterations) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "checkpoint %s is at iteration %d, past this job's last iteration %d (--iterations): "
@@ -378,8 +398,8 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
       return absl::DataLossError(
           absl::StrCat("checkpoint manifest of ", path, " names no ", kLoopStateName));
     }
-    ASSIGN_OR_RETURN(start.loop_state,
-                     ReadLoopStateFile((fs::path(path) / kLoopStateName).string(), loop->digest));
+    start.loop_state_file = (fs::path(path) / kLoopStateName).string();
+    ASSIGN_OR_RETURN(start.loop_state, ReadLoopStateFile(start.loop_state_file, loop->digest));
     // Every server loads (and verifies) its shard; the first failure aborts the job.
     for (int s = 0; s < layout_.servers; ++s) {
       const std::string name = ShardName(s, layout_.servers);

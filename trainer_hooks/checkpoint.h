@@ -180,6 +180,7 @@ class CheckpointCoordinator {
   struct Start {
     Iteration iteration = 0;
     std::string loop_state;
+    std::string loop_state_file;  // resuming: the file `loop_state` was read from
     StreamPosition stream;
   };
   // Before training: with options.resume, verifies the checkpoint, has every server load its

@@ -143,6 +143,7 @@ class OracleRunner {
       WireWriter w;
       w.Put(start.iteration);
       w.PutString(start.loop_state);
+      w.PutString(start.loop_state_file);
       RETURN_IF_ERROR(transport_.Send(layout_.trainer_rank(t), kTagCheckpoint, w.Take()));
     }
     StreamPosition position = start.stream;

@@ -1,6 +1,8 @@
 #include "trainer_hooks/param_dump.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
@@ -98,17 +100,26 @@ absl::StatusOr<std::string> ParamWriter::Finish() {
 
 absl::StatusOr<ParamDump> ReadParamDump(const std::string& path) {
   const std::string file_path = ParamsPath(path);
-  std::FILE* file = std::fopen(file_path.c_str(), "rb");
-  if (file == nullptr) {
+  // Opened without blocking (a FIFO would wait for a writer) and checked before any read.
+  const int fd = ::open(file_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
     return absl::NotFoundError(
         absl::StrCat("cannot open '", file_path, "': ", std::strerror(errno)));
   }
-  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(file, &std::fclose);
   struct stat st;
-  if (fstat(fileno(file), &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
     return absl::InvalidArgumentError(
         absl::StrCat("'", file_path, "' is not a Bagpipe parameter file (not a regular file)"));
   }
+  std::FILE* file = ::fdopen(fd, "rb");
+  if (file == nullptr) {
+    const int error = errno;
+    ::close(fd);
+    return absl::InternalError(
+        absl::StrCat("cannot read '", file_path, "': ", std::strerror(error)));
+  }
+  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(file, &std::fclose);
   const int64_t size = st.st_size;
   char magic[8];
   uint64_t length = 0;
@@ -131,7 +142,7 @@ absl::StatusOr<ParamDump> ReadParamDump(const std::string& path) {
     return absl::DataLossError(absl::StrCat("'", file_path, "': truncated header"));
   }
   ParamDump dump;
-  dump.header = nlohmann::json::parse(text, nullptr, false);
+  dump.header = ParseUntrustedJson(text);
   if (dump.header.is_discarded() || !dump.header.is_object()) {
     return absl::DataLossError(absl::StrCat("'", file_path, "': malformed header"));
   }

@@ -243,13 +243,25 @@ class Trainer::Impl {
   absl::Status SetLoopState(LoopState state) {
     RETURN_IF_ERROR(AwaitStart());
     loop_state_ = std::move(state);
-    if (start_state_.empty()) return absl::OkStatus();
+    if (start_state_.empty()) {
+      // Resuming a checkpoint whose loop state is empty (a loop that kept none, or a damaged
+      // file) would restart this loop's state from scratch.
+      if (!start_state_file_.empty() && loop_state_.restore) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the checkpoint's loop state ", start_state_file_,
+            " is empty, but this job's training loop keeps one (dense parameters, optimizer "
+            "state): a checkpoint of another loop, or a damaged file"));
+      }
+      return absl::OkStatus();
+    }
     if (!loop_state_.restore) {
       return absl::FailedPreconditionError(
-          "the job resumes from a checkpoint with loop state, but LoopState::restore is empty");
+          absl::StrCat("the job resumes from a checkpoint with loop state (", start_state_file_,
+                       "), but LoopState::restore is empty"));
     }
-    RETURN_IF_ERROR(Annotate(loop_state_.restore(start_state_),
-                             absl::StrCat("restoring the loop state of trainer ", id_)));
+    RETURN_IF_ERROR(Annotate(
+        loop_state_.restore(start_state_),
+        absl::StrCat("restoring the loop state of trainer ", id_, " from ", start_state_file_)));
     start_state_.clear();
     return absl::OkStatus();
   }
@@ -529,6 +541,7 @@ class Trainer::Impl {
     WireReader r(message.payload, "job start message");
     RETURN_IF_ERROR(r.Get(&first_iteration_));
     RETURN_IF_ERROR(r.GetString(&start_state_));
+    RETURN_IF_ERROR(r.GetString(&start_state_file_));
     RETURN_IF_ERROR(r.ExpectDone());
     started_ = true;
     return absl::OkStatus();
@@ -1009,7 +1022,8 @@ class Trainer::Impl {
   // Job start and checkpoints.
   bool started_ = false;
   Iteration first_iteration_ = 0;
-  std::string start_state_;  // the loop state to restore, until SetLoopState restores it
+  std::string start_state_;       // the loop state to restore, until SetLoopState restores it
+  std::string start_state_file_;  // resuming: the checkpoint file it was read from
   LoopState loop_state_;
   bool after_checkpoint_ = false;
   bool stop_forwarded_ = false;

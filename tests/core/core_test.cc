@@ -1,15 +1,18 @@
 // Specifications of core/: status macros, error conversion, hashing, randomness, row
 // initialisation, the CPU device context, metrics files.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "core/checks.h"
 #include "core/device.h"
 #include "core/excerpt.h"
+#include "core/json_fields.h"
 #include "core/metrics.h"
 #include "core/optimizer.h"
 #include "core/random.h"
@@ -185,6 +188,51 @@ TEST(MetricsTest, JsonLinesAreOneObjectPerLine) {
   in.close();
   std::filesystem::remove(path);
   EXPECT_FALSE(JsonLinesWriter::Open("/nonexistent/dir/x.jsonl").ok());
+}
+
+// A resumed job keeps the lines up to the iteration it resumes from; damaged lines go, and a
+// path that is not a regular file is refused before it is read (a FIFO would block).
+TEST(MetricsTest, ResumingKeepsTheLinesUpToTheCheckpointAndRefusesOtherFiles) {
+  const std::string path =
+      ::testing::TempDir() + "/metrics_resume_" + std::to_string(::getpid()) + ".jsonl";
+  {
+    std::ofstream out(path);
+    out << "{\"iteration\":1}\n{\"iteration\":null}\n{\"iteration\":\"2\"}\n"
+        << "{\"iteration\":1e300}\n{\"iteration\":18446744073709551615}\n"
+        << "{\"iteration\":{}}\n{\"note\":\"kept\"}\n{\"iteration\":3}\n{\"iteration\":2}\n";
+  }
+  {
+    auto writer = JsonLinesWriter::Open(path);
+    ASSERT_TRUE(writer.ok());
+    ASSERT_TRUE((*writer)->Start(2).ok());
+  }
+  std::ifstream in(path);
+  std::stringstream kept;
+  kept << in.rdbuf();
+  EXPECT_EQ(kept.str(), "{\"iteration\":1}\n{\"note\":\"kept\"}\n{\"iteration\":2}\n");
+  std::filesystem::remove(path);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  auto writer = JsonLinesWriter::Open(path);
+  ASSERT_TRUE(writer.ok());
+  const absl::Status fifo = (*writer)->Start(2);
+  EXPECT_THAT(std::string(fifo.message()), ::testing::HasSubstr("is not a regular file"));
+  std::filesystem::remove(path);
+}
+
+TEST(JsonFieldsTest, UntrustedJsonNestedTooDeepIsRefused) {
+  bool too_deep = true;
+  const nlohmann::json shallow = ParseUntrustedJson(R"({"a": [1, {"b": [2]}]})", &too_deep);
+  EXPECT_FALSE(shallow.is_discarded());
+  EXPECT_FALSE(too_deep);
+  EXPECT_EQ(shallow["a"][1]["b"][0], 2);
+  EXPECT_TRUE(ParseUntrustedJson("{\"a\": ", &too_deep).is_discarded());
+  EXPECT_FALSE(too_deep);
+  // Deep enough to overflow the stack in a recursive copy, comparison or dump.
+  const std::string deep = "{\"a\": " + std::string(200000, '[') + std::string(200000, ']') + "}";
+  EXPECT_TRUE(ParseUntrustedJson(deep, &too_deep).is_discarded());
+  EXPECT_TRUE(too_deep);
+  const std::string limit = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
+  EXPECT_FALSE(ParseUntrustedJson(limit).is_discarded());
 }
 
 TEST(TunablesTest, ListedWithDefaults) {

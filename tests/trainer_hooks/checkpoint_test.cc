@@ -178,6 +178,18 @@ TEST(CheckpointFilesTest, ShardRoundTripAndRefusals) {
     ASSERT_NE(loaded.Find(row), nullptr);
     EXPECT_EQ(std::memcmp(loaded.Find(row), store.Find(row), 8 * sizeof(float)), 0);
   }
+  // A non-finite value (training stops before it writes one; its checksum holds).
+  {
+    RowStore nan_store(init);
+    for (RowId row : rows) nan_store.GetOrCreate(row)[0] = static_cast<float>(row);
+    nan_store.GetOrCreate(rows[3])[5] = std::nanf("");
+    ASSERT_TRUE(WriteShard(dir / "n", nan_store, {1, 2, 30}).ok());
+    RowStore refused(init);
+    EXPECT_THAT(std::string(LoadShard(dir / "n", {1, 2, 30}, nullptr, &refused).message()),
+                HasSubstr(absl::StrCat("row ", rows[3],
+                                       " holds a non-finite value (nan) at "
+                                       "float 5")));
+  }
   // A row of server 0's in server 1's shard (a forged or mislabelled file; its checksum holds).
   RowId foreign = 0;
   while (ServerOfRow(foreign, 2) != 0) ++foreign;
@@ -205,7 +217,8 @@ constexpr int kDim = 4;
 constexpr char kData[] = "samples=6400,rows=400/60/1500/9,dense=2,alpha=1.1,pooling=1-3,seed=3";
 
 // Logistic regression over the pooled embeddings whose dense weights are its LoopState.
-absl::Status LogisticLoop(Trainer& trainer, int tables, TrainerOutcome* outcome) {
+absl::Status LogisticLoop(Trainer& trainer, int tables, TrainerOutcome* outcome,
+                          bool keep_state = true) {
   std::vector<float> w(tables * kDim, 0.05f);
   LoopState state;
   state.save = [&]() -> absl::StatusOr<std::string> {
@@ -216,7 +229,7 @@ absl::Status LogisticLoop(Trainer& trainer, int tables, TrainerOutcome* outcome)
     std::memcpy(w.data(), bytes.data(), bytes.size());
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(trainer.SetLoopState(state));
+  if (keep_state) RETURN_IF_ERROR(trainer.SetLoopState(state));
   std::vector<float> grad_w(w.size()), pooled_grad;
   LocalBatch batch;
   const size_t width = static_cast<size_t>(tables) * kDim;
@@ -260,7 +273,7 @@ struct StopAt {
 // Trains on the first 5120 samples of kData (80 batches of 64); with `eval`, evaluates the last
 // 1280 (20 batches).
 JobRun Train(const std::string& policy, int trainers, int iterations, CheckpointOptions checkpoint,
-             StopAt stop = {}, bool eval = false) {
+             StopAt stop = {}, bool eval = false, bool loop_state = true) {
   JobRun run;
   auto config = ParseSyntheticConfig(kData);
   auto source = OpenSynthetic(*config, SourceOptions{});
@@ -307,7 +320,7 @@ JobRun Train(const std::string& policy, int trainers, int iterations, Checkpoint
   run.status = RunEmbeddedJob(
       options, std::move(stream), std::move(eval_stream),
       [&](Trainer& trainer, TrainerOutcome* outcome) {
-        const absl::Status status = LogisticLoop(trainer, tables, outcome);
+        const absl::Status status = LogisticLoop(trainer, tables, outcome, loop_state);
         trained = true;
         return status;
       },
@@ -372,6 +385,61 @@ TEST(CheckpointJobTest, StopRequestedBeforeTheFirstBatchSavesNothing) {
   EXPECT_EQ(early.result.oracle.stopped_at, 0);
   EXPECT_EQ(early.result.oracle.stop_signal, SIGTERM);
   EXPECT_EQ(early.result.oracle.checkpoint.written, 0);
+}
+
+// What a resume must not take as a checkpoint of this job: a loop state that is empty while the
+// loop keeps one (it would restart from scratch), a checkpoint under another iteration's name;
+// and a link in place of a checkpoint is removed without following it.
+TEST(CheckpointJobTest, ResumeRefusesMismatchedCheckpointsAndLeavesLinkedOnesAlone) {
+  TempDir dir;
+  const JobRun reference = Train("off", 2, 60, {});
+  ASSERT_TRUE(reference.status.ok()) << reference.status;
+  CheckpointOptions first;
+  first.dir = dir / "ck";
+  first.every = 10;
+  ASSERT_TRUE(Train("oracle", 2, 25, first).status.ok());  // ckpt-20, ckpt-25
+  CheckpointOptions resume = first;
+  resume.resume = first.dir;
+
+  // ckpt-25 replaced by a link to a copy outside the directory: read through, and pruned as a
+  // link (the copy keeps its files).
+  const std::string outside = dir / "outside-25";
+  fs::copy(first.dir + "/ckpt-25", outside, fs::copy_options::recursive);
+  fs::remove_all(first.dir + "/ckpt-25");
+  fs::create_directory_symlink(outside, first.dir + "/ckpt-25");
+  const JobRun resumed = Train("oracle", 2, 60, resume);
+  ASSERT_TRUE(resumed.status.ok()) << resumed.status;
+  EXPECT_EQ(resumed.result.oracle.checkpoint.first_iteration, 25);
+  EXPECT_EQ(resumed.sha, reference.sha);
+  EXPECT_FALSE(fs::exists(first.dir + "/ckpt-25"));
+  EXPECT_TRUE(fs::exists(outside + "/MANIFEST"));
+  EXPECT_TRUE(fs::exists(outside + "/trainer.bin"));
+
+  // A checkpoint renamed over another iteration's name.
+  TempDir other;
+  CheckpointOptions second;
+  second.dir = other / "ck";
+  second.every = 10;
+  ASSERT_TRUE(Train("oracle", 2, 25, second).status.ok());
+  fs::remove_all(second.dir + "/ckpt-25");
+  fs::rename(second.dir + "/ckpt-20", second.dir + "/ckpt-25");
+  CheckpointOptions renamed = second;
+  renamed.resume = second.dir;
+  const JobRun refused = Train("oracle", 2, 60, renamed);
+  EXPECT_THAT(std::string(refused.status.message()),
+              HasSubstr("ckpt-25: its manifest says iteration 20, its name ckpt-25"));
+
+  // A loop that keeps no state, resumed by one that does.
+  TempDir stateless;
+  CheckpointOptions third;
+  third.dir = stateless / "ck";
+  ASSERT_TRUE(Train("oracle", 2, 20, third, {}, false, /*loop_state=*/false).status.ok());
+  CheckpointOptions with_state = third;
+  with_state.resume = third.dir;
+  const JobRun empty = Train("oracle", 2, 60, with_state);
+  EXPECT_THAT(std::string(empty.status.message()),
+              HasSubstr("the checkpoint's loop state " + third.dir +
+                        "/ckpt-20/trainer.bin is empty, but this job's training loop keeps one"));
 }
 
 // A stop after the last iteration skips the evaluation and the parameter collection (the final

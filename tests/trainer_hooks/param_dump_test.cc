@@ -2,6 +2,8 @@
 // crafted file is an error naming it, never a crash or a huge allocation.
 #include "trainer_hooks/param_dump.h"
 
+#include <sys/stat.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -135,6 +137,16 @@ TEST_F(ParamDumpTest, TruncatedOrExtendedFilesAreRefused) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("truncated header"));
   status = ReadDamaged("BGPARAMS");
   EXPECT_THAT(std::string(status.message()), HasSubstr("is not a Bagpipe parameter file"));
+}
+
+// A FIFO (or device) in place of the dump is refused without blocking on it.
+TEST_F(ParamDumpTest, AFifoIsRefusedWithoutBlocking) {
+  const std::string fifo = dir_ + "/fifo.bin";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto dump = ReadParamDump(fifo);
+  ASSERT_FALSE(dump.ok());
+  EXPECT_THAT(std::string(dump.status().message()), HasSubstr("(not a regular file)"));
+  EXPECT_FALSE(ReadParamDump("/dev/zero").ok());
 }
 
 TEST_F(ParamDumpTest, AFlippedByteFailsTheFingerprint) {
