@@ -372,6 +372,8 @@ class Trainer:
         # lookup of the iteration hangs from; the generation whose backward ended it.
         self._end_node = None
         self._ended = -1
+        # begin_iteration returned None: this trainer's training ended (run_trainers checks it).
+        self._training_ended = False
 
     def __repr__(self):
         return f"bagpipe.Trainer({self.id} of {self.num_trainers}, {self.device})"
@@ -446,6 +448,7 @@ class Trainer:
         self._end_node = None
         if info is None:
             self._batch = None
+            self._training_ended = True
             return None
         return self._make_batch(info, False)
 
@@ -945,6 +948,20 @@ class Job:
             except BaseException as error:  # KeyboardInterrupt included: the job must stop
                 errors.append(error)
                 self.abort(f"trainer {trainer.id} raised {_describe(error)}")
+                return
+            # A loop that returns before its training ended leaves the other trainers waiting for
+            # its part of the next iteration (its exchanges, all-reduces): the job ends now.
+            if not trainer._training_ended and self._core.aborted is None:
+                batch = trainer._batch
+                where = (f"at iteration {batch.iteration}" if batch is not None
+                         else "before its first iteration")
+                error = UsageError(
+                    f"run_trainers: trainer {trainer.id}'s function returned {where}, before its "
+                    "training ended: each trainer's loop runs until begin_iteration returns None "
+                    "(`for batch in trainer`), so that every trainer takes part in every "
+                    "iteration")
+                errors.append(error)
+                self.abort(str(error))
 
         threads = [threading.Thread(target=body, args=(i,), name=f"bagpipe-trainer-{i}")
                    for i in range(1, len(self.trainers))]

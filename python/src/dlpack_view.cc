@@ -63,6 +63,14 @@ TensorView ViewTensor(py::handle tensor, const std::string& what, const std::vec
   if (PyCapsule_CheckExact(tensor.ptr())) {
     capsule = py::reinterpret_borrow<py::object>(tensor);
   } else if (py::hasattr(tensor, "__dlpack__")) {
+    // A torch tensor with the negative bit (a lazy negation, e.g. from _neg_view) exports its
+    // memory without the sign through DLPack (torch 1.13): refused rather than read negated.
+    if (py::hasattr(tensor, "is_neg") && py::bool_(tensor.attr("is_neg")())) {
+      throw py::value_error(
+          absl::StrCat(what,
+                       ": a tensor with the negative bit set (a lazy negation): resolve it first "
+                       "(tensor.resolve_neg())"));
+    }
     try {
       capsule = tensor.attr("__dlpack__")();
     } catch (py::error_already_set& error) {

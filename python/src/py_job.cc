@@ -1,6 +1,7 @@
 #include "python/src/py_job.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "model/run_report.h"
 #include "pybind11/numpy.h"
@@ -369,6 +371,21 @@ void JobCore::Close() {
   }
   std::optional<py::gil_scoped_release> release;
   if (PyGILState_Check()) release.emplace();
+  // An aborted job's oracle thread may be inside the user's data iterable (a loader blocked on
+  // a queue or a slow read), which nothing can interrupt: joining it could wait forever, and a
+  // Ctrl-C would not reach the caller. Give it a moment to return, then leave the job to be
+  // joined on a thread of its own once it does.
+  if (!closed_abort_.ok()) {
+    for (int k = 0; k < 50 && python::PythonDataReadInFlight(this); ++k) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (python::PythonDataReadInFlight(this)) {
+      BAGPIPE_LOG(WARNING) << "Job.close: the job's data iterable has not returned since the job "
+                              "was aborted; its reading thread is left to end when it does";
+      std::thread([job = std::move(job)]() mutable { job.reset(); }).detach();
+      return;
+    }
+  }
   job.reset();
 }
 

@@ -5,7 +5,9 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "pybind11/numpy.h"
 
 namespace bagpipe::python {
@@ -19,13 +21,32 @@ bool InterpreterAlive() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
 // another job's start, whose own source then reads on its own thread, not this one).
 thread_local std::vector<const void*> tls_reading;
 
+// Per job, the threads inside its Python iterables now (PythonDataReadInFlight).
+absl::Mutex in_flight_mu;
+absl::flat_hash_map<const void*, int>& InFlight() ABSL_EXCLUSIVE_LOCKS_REQUIRED(in_flight_mu) {
+  static auto* in_flight = new absl::flat_hash_map<const void*, int>();
+  return *in_flight;
+}
+
 // Marks the thread as reading a Python iterable of `owner`'s for its life.
 class Reading {
  public:
-  explicit Reading(const void* owner) { tls_reading.push_back(owner); }
-  ~Reading() { tls_reading.pop_back(); }
+  explicit Reading(const void* owner) : owner_(owner) {
+    tls_reading.push_back(owner);
+    absl::MutexLock lock(&in_flight_mu);
+    ++InFlight()[owner];
+  }
+  ~Reading() {
+    tls_reading.pop_back();
+    absl::MutexLock lock(&in_flight_mu);
+    auto it = InFlight().find(owner_);
+    if (--it->second == 0) InFlight().erase(it);
+  }
   Reading(const Reading&) = delete;
   Reading& operator=(const Reading&) = delete;
+
+ private:
+  const void* const owner_;
 };
 
 class PythonSource final : public SampleSource {
@@ -195,6 +216,11 @@ class PythonSource final : public SampleSource {
 
 bool ReadingPythonData(const void* owner) {
   return std::find(tls_reading.begin(), tls_reading.end(), owner) != tls_reading.end();
+}
+
+bool PythonDataReadInFlight(const void* owner) {
+  absl::MutexLock lock(&in_flight_mu);
+  return InFlight().contains(owner);
 }
 
 std::unique_ptr<SampleSource> MakePythonSource(py::object iterable, py::object normalize,

@@ -30,6 +30,10 @@ std::unique_ptr<SampleSource> MakePythonSource(pybind11::object iterable,
 // reading thread (whose iterable may drop or close an earlier job) is no such thread.
 bool ReadingPythonData(const void* owner);
 
+// True while any thread is inside one of `owner`'s Python iterables (a loader may block there
+// for as long as it likes: JobCore::Close does not join such a thread).
+bool PythonDataReadInFlight(const void* owner);
+
 }  // namespace bagpipe::python
 
 #endif  // BAGPIPE_PYTHON_SRC_PYTHON_SOURCE_H_

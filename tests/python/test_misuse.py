@@ -434,3 +434,73 @@ def test_complete_refuses_predictions_or_labels_that_are_no_probabilities(predic
         trainer.complete(predictions=[0.9, 0.2, 0.6], labels=[1, 0, 1])  # nothing changed
         summary = job.finish()
     assert summary["eval"]["samples"] == 3
+
+
+def test_a_trainer_function_returning_before_its_training_ended_fails_at_once():
+    # The other trainer would wait for its exchanges until the peer timeout (60 s here).
+    def train(trainer):
+        for batch in trainer:
+            if trainer.id == 1 and batch.iteration == 2:
+                return "early"
+            zero_step(trainer)
+        trainer.flush()
+        trainer.complete()
+
+    start = time.monotonic()
+    with bagpipe.Job(small_config(trainers=2)) as job:
+        with pytest.raises(bagpipe.UsageError,
+                           match="trainer 1's function returned at iteration 2, before its "
+                                 "training ended"):
+            job.run_trainers(train)
+        assert "returned at iteration 2" in job.aborted
+    assert time.monotonic() - start < 30
+
+
+BLOCKED_ITERABLE = """
+import queue, threading, time, numpy as np, torch, bagpipe
+feed = queue.Queue()  # a loader that stalls after 8 batches, until the end of the test
+rng = np.random.default_rng(0)
+for _ in range(8):
+    feed.put({"dense": rng.random((64, 3), dtype=np.float32),
+              "labels": (rng.random(64) > 0.5).astype(np.float32),
+              "ids": [rng.integers(0, 100, 64), rng.integers(0, 200, 64)]})
+def batches():
+    while True:
+        yield feed.get()
+def train(trainer):
+    for batch in trainer:
+        if batch.iteration == 1:
+            raise RuntimeError("the loop failed")
+        trainer.end_iteration(torch.zeros(batch.num_samples, trainer.num_tables, trainer.dim))
+start = time.monotonic()
+try:
+    with bagpipe.Job(bagpipe.Config(batch_size=64, dim=4, iterations=100, lookahead=2,
+                                    peer_timeout=60),
+                     data=batches(), schema=bagpipe.Schema(table_rows=[100, 200],
+                                                           num_dense=3)) as job:
+        job.run_trainers(train)
+except RuntimeError as error:
+    print("raised", error, "after", round(time.monotonic() - start), "s", flush=True)
+"""
+
+
+def test_closing_an_aborted_job_does_not_wait_for_a_blocked_data_iterable():
+    # The oracle's thread waits in the iterable (a stalled loader) when the loop fails: leaving
+    # the `with` block returns (the thread is left to end when the iterable returns) and the
+    # process exits.
+    result = subprocess.run([sys.executable, "-c", BLOCKED_ITERABLE], env=child_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "raised the loop failed after" in result.stdout
+    assert "its reading thread is left to end when it does" in result.stderr
+
+
+def test_a_gradient_with_the_negative_bit_is_refused_not_read_negated():
+    with bagpipe.Job(small_config()) as job:
+        (trainer,) = job.trainers
+        trainer.begin_iteration()
+        pooled = trainer.lookup_pooled()
+        lazy = (-torch.ones_like(pooled))._neg_view()
+        with pytest.raises(ValueError, match=r"negative bit set .*resolve_neg"):
+            trainer.end_iteration(lazy)
+        trainer.end_iteration(lazy.resolve_neg())
