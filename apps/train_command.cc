@@ -190,6 +190,10 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
 }
 
 absl::Status RunTrain(TrainFlags flags) {
+  // From the start: a stop during MPI_Init and the options' agreement (up to --peer-timeout
+  // when a rank starts late) is a stop at iteration 0, not the signal's default action (death).
+  // RunTrainRank installs them again over any MPI_Init may have set.
+  InstallStopHandlers();
   RETURN_IF_ERROR(FinishTrainFlags(&flags));
   // Distributed or embedded.
   MpiJob job;

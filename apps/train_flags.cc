@@ -2,11 +2,15 @@
 
 #include <cmath>
 #include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/excerpt.h"
 #include "core/status.h"
+#include "trainer_hooks/checkpoint.h"
 
 namespace bagpipe {
 
@@ -143,8 +147,60 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
                   "--checkpoint-dir DIR and the checkpoint's --checkpoint-every unless given");
 }
 
+namespace {
+
+// True if `path` is `dir` or lies below it (both made absolute, symbolic links resolved as far as
+// they exist).
+bool PathWithin(const std::string& path, const std::string& dir) {
+  std::error_code e1, e2;
+  const std::filesystem::path p = std::filesystem::weakly_canonical(path, e1);
+  const std::filesystem::path d = std::filesystem::weakly_canonical(dir, e2);
+  if (e1 || e2) return false;
+  auto pi = p.begin();
+  for (auto di = d.begin(); di != d.end(); ++di, ++pi) {
+    if (di->empty()) continue;  // a trailing separator
+    if (pi == p.end() || *pi != *di) return false;
+  }
+  return true;
+}
+
+// The job's outputs stay out of its checkpoint directory, which holds checkpoints only: a file
+// there makes every later --resume refuse the directory as another job's.
+absl::Status OutputsOutsideCheckpoints(const TrainFlags& flags) {
+  const JobConfig& config = flags.config;
+  std::vector<std::string> dirs;
+  if (!config.checkpoint_dir.empty()) dirs.push_back(config.checkpoint_dir);
+  if (!config.resume.empty()) {
+    dirs.push_back(config.resume);
+    // --resume DIR/ckpt-K writes next to it, in DIR.
+    std::error_code error;
+    if (std::filesystem::exists(std::filesystem::path(config.resume) / kManifestName, error)) {
+      dirs.push_back(std::filesystem::path(config.resume).parent_path().string());
+    }
+  }
+  const std::pair<const char*, const std::string*> outputs[] = {
+      {"--out", &flags.out},
+      {"--dump-params", &flags.dump_params},
+      {"--metrics-out", &flags.metrics_out},
+      {"--summary-json", &flags.summary_json}};
+  for (const std::string& dir : dirs) {
+    if (dir.empty()) continue;
+    for (const auto& [name, path] : outputs) {
+      if (path->empty() || *path == "-" || !PathWithin(*path, dir)) continue;
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " ", Excerpt(*path), " lies in the checkpoint directory ",
+                       Excerpt(dir), ", which holds checkpoints only (a later --resume would "
+                       "refuse it): write it elsewhere"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status FinishTrainFlags(TrainFlags* flags) {
   JobConfig& config = flags->config;
+  RETURN_IF_ERROR(OutputsOutsideCheckpoints(*flags));
   // Outputs: --out DIR sets the defaults of the others.
   if (!flags->out.empty()) {
     std::error_code error;

@@ -361,6 +361,15 @@ CheckpointCoordinator::CheckpointCoordinator(Transport& transport, const JobLayo
 absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
     BatchStream& train, Iteration max_iterations) {
   Start start;
+  // A --resume path that names no directory (a typo) is refused before anything is created:
+  // the directory it writes to defaults to it, and creating it would leave a stray directory
+  // behind (in the checkpoint directory, one that later resumes refuse as foreign).
+  if (!options_.resume.empty()) {
+    std::error_code error;
+    if (!fs::is_directory(options_.resume, error)) {
+      return absl::NotFoundError(absl::StrCat("--resume ", options_.resume, ": no such directory"));
+    }
+  }
   // The directory is locked before anything in it is read or written: two jobs started on it
   // at once would otherwise both pass PrepareCheckpointDir and replace each other's checkpoints.
   if (writes()) {

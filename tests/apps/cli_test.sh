@@ -354,6 +354,25 @@ if [[ $? -ne 75 ]]; then
   failures=$((failures + 1))
 fi
 
+# Outputs inside the checkpoint directory would make every later --resume refuse it; a mistyped
+# --resume path is refused without creating it (it became a stray directory there).
+expect_error out_in_checkpoint_dir "--out $WORK/same lies in the checkpoint directory $WORK/same" \
+  train --data "$SYN" --batch-size 256 --iterations 2 --quiet --checkpoint-dir "$WORK/same" \
+  --out "$WORK/same"
+expect_error dump_in_checkpoint_dir "--dump-params $WORK/ck2/p lies in the checkpoint directory" \
+  train --data "$SYN" --batch-size 256 --iterations 2 --quiet --checkpoint-dir "$WORK/ck2" \
+  --dump-params "$WORK/ck2/p"
+expect_ok typo_first train --data "$SYN" --batch-size 256 --iterations 2 --quiet \
+  --checkpoint-dir "$WORK/typo"
+expect_error resume_typo "--resume $WORK/typo/ckpt2: no such directory" \
+  train --data "$SYN" --batch-size 256 --iterations 4 --quiet --resume "$WORK/typo/ckpt2"
+if [[ -e "$WORK/typo/ckpt2" ]]; then
+  echo "FAIL resume_typo: the refused --resume path was created"
+  failures=$((failures + 1))
+fi
+expect_ok resume_after_typo train --data "$SYN" --batch-size 256 --iterations 4 --quiet \
+  --resume "$WORK/typo"
+
 # A pipe is read once: a dictionary-encoded pipe is refused before it is read, and convert (one
 # pass) turns it into a file that trains.
 if piped=$(cat "${CRITEO#criteo:}" | "$BAGPIPE" train --data criteo:/dev/stdin --quiet 2>&1); then
