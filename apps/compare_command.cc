@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <tuple>
 
@@ -100,8 +101,12 @@ absl::StatusOr<Run> LoadRun(const std::string& path) {
   return run;
 }
 
+// A figure of the summary; NaN where it has none (e.g. the train loss of a run that trained no
+// iteration): "-" in the table, null in --json.
 double Number(const nlohmann::json& j, const char* key) {
-  return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
+  return j.is_object() && j.contains(key) && j[key].is_number()
+             ? j[key].get<double>()
+             : std::numeric_limits<double>::quiet_NaN();
 }
 
 std::string Text(const nlohmann::json& j, const char* key, const std::string& otherwise) {
@@ -189,9 +194,13 @@ absl::Status RunCompare(const std::string& a_path, const std::string& b_path, bo
   const double speed_b = out["samples_per_s"][1].get<double>();
   std::printf("%-22s %14s %14s %10s\n", "", "A", "B", "B / A");
   auto row = [&](const char* label, double va, double vb, const char* format) {
-    std::printf("%-22s %14s %14s %10s\n", label, absl::StrFormat(format, va).c_str(),
-                absl::StrFormat(format, vb).c_str(),
-                va != 0 ? absl::StrFormat("%.3f", vb / va).c_str() : "-");
+    auto text = [format](double v) {
+      return std::isnan(v) ? std::string("-") : absl::StrFormat(format, v);
+    };
+    std::printf("%-22s %14s %14s %10s\n", label, text(va).c_str(), text(vb).c_str(),
+                va != 0 && !std::isnan(va) && !std::isnan(vb)
+                    ? absl::StrFormat("%.3f", vb / va).c_str()
+                    : "-");
   };
   row("samples/s", speed_a, speed_b, "%.0f");
   row("ms/iteration", out["ms_per_iteration"][0].get<double>(),

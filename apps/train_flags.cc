@@ -187,10 +187,10 @@ absl::Status OutputsOutsideCheckpoints(const TrainFlags& flags) {
     if (dir.empty()) continue;
     for (const auto& [name, path] : outputs) {
       if (path->empty() || *path == "-" || !PathWithin(*path, dir)) continue;
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, " ", Excerpt(*path), " lies in the checkpoint directory ",
-                       Excerpt(dir), ", which holds checkpoints only (a later --resume would "
-                       "refuse it): write it elsewhere"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " ", Excerpt(*path), " lies in the checkpoint directory ", Excerpt(dir),
+          ", which holds checkpoints only (a later --resume would "
+          "refuse it): write it elsewhere"));
     }
   }
   return absl::OkStatus();

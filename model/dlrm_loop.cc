@@ -272,8 +272,12 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
       RETURN_IF_ERROR(report(false));
     }
   }
-  // Every trainer ran the same number of iterations, so all take part in the last report.
-  if (interval_iterations > 0 || iterations == 0) RETURN_IF_ERROR(report(true));
+  // Every trainer ran the same number of iterations, so all take part in the last report. A
+  // resumed job with no iteration left reports nothing: the metrics it continues end with the
+  // checkpoint's iteration already.
+  if (interval_iterations > 0 || (iterations == 0 && first_iteration == 0)) {
+    RETURN_IF_ERROR(report(true));
+  }
   const double train_seconds = total_watch.Seconds();
   RETURN_IF_ERROR(trainer.Flush());
   progress.Finish(absl::StrFormat("%d iterations, final loss %.4f", iterations, last_loss));
