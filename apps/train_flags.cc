@@ -131,7 +131,8 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
                   "iterations a server remembers write-back stamps (0: default)")
       ->capture_default_str();
   app->add_option("--peer-timeout", flags->peer_timeout_s,
-                  "seconds without a message before a peer counts as dead")
+                  "seconds without a message before a peer counts as dead (at start-up, a "
+                  "rank not set up within half of it)")
       ->capture_default_str();
   app->add_option("--checkpoint-dir", config.checkpoint_dir,
                   "write checkpoints (DIR/ckpt-ITERATION) here: every --checkpoint-every "

@@ -527,7 +527,20 @@ absl::StatusOr<std::string> CheckpointCoordinator::Write(Iteration iteration,
       return absl::DataLossError(absl::StrCat("expected server ", s, "'s checkpoint shard"));
     }
     ASSIGN_OR_RETURN(const ShardReply reply, DecodeShardReply(body));
-    manifest.files.push_back({ShardName(s, layout_.servers), {reply.bytes, reply.crc32c}});
+    // Under mpirun the directory must be one file system for every rank that writes there: a
+    // shard rank 0 does not see (another machine's local directory) would make the checkpoint
+    // one that no resume can read.
+    const fs::path shard = fs::path(path) / ShardName(s, layout_.servers);
+    const uintmax_t seen = fs::file_size(shard, error);
+    if (error || seen != reply.bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", path, ": server ", s, " wrote ", shard.string(), " (", reply.bytes,
+          " bytes), which rank 0 ",
+          error ? absl::StrCat("cannot see (", error.message(), ")")
+                : absl::StrCat("sees with ", seen, " bytes"),
+          ": --checkpoint-dir must be a directory every server rank and rank 0 share"));
+    }
+    manifest.files.push_back({shard.filename().string(), {reply.bytes, reply.crc32c}});
   }
   if (TestKillInCheckpoint() == iteration) {
     BAGPIPE_LOG(WARNING) << "BAGPIPE_TEST_KILL_IN_CHECKPOINT: killing rank 0 before the manifest "

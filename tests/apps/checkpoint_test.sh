@@ -374,6 +374,24 @@ if [[ -n $MPIEXEC ]]; then
     --out "$WORK/ref_30_T2S2" || fail "reference 30 T=2 S=2"
   same "mpirun SIGKILL in checkpoint 20, resumed from ckpt-10" "$WORK/mpi_kill_resumed" \
     "$WORK/ref_30_T2S2" 10
+
+  # A checkpoint directory the server rank does not share with rank 0 (each rank started in its
+  # own directory, the server's holding a ckpt-5 to write into): an error when it is written,
+  # not a manifest naming a shard that no resume can read.
+  mkdir -p "$WORK/wa" "$WORK/wb/ck/ckpt-5"
+  (cd "$WORK" && timeout 300 "$MPIEXEC" -np 1 -wdir "$WORK/wa" "$BAGPIPE" train "${COMMON[@]}" \
+    "${B[@]}" --iterations 5 --servers 1 --cache oracle --checkpoint-dir ck --checkpoint-every 5 : \
+    -np 1 -wdir "$WORK/wb" "$BAGPIPE" train "${COMMON[@]}" "${B[@]}" --iterations 5 --servers 1 \
+    --cache oracle --checkpoint-dir ck --checkpoint-every 5 : \
+    -np 1 -wdir "$WORK/wa" "$BAGPIPE" train "${COMMON[@]}" "${B[@]}" --iterations 5 --servers 1 \
+    --cache oracle --checkpoint-dir ck --checkpoint-every 5) >"$WORK/unshared.log" 2>&1
+  rc=$?
+  if [[ $rc -eq 0 ]] || ! grep -q "which rank 0 cannot see .*--checkpoint-dir must be a directory every server rank and rank 0 share" "$WORK/unshared.log" ||
+      [[ -e "$WORK/wa/ck/ckpt-5/MANIFEST" ]]; then
+    fail "unshared --checkpoint-dir: exit $rc"; tail -5 "$WORK/unshared.log"
+  else
+    echo "ok   unshared --checkpoint-dir refused (exit $rc)"
+  fi
 fi
 
 if [[ $failures -gt 0 ]]; then
