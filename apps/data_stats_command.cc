@@ -1,6 +1,7 @@
 // bagpipe data-stats: what a user needs to size a cache.
 #include <cstdio>
 
+#include "absl/strings/str_cat.h"
 #include "apps/command.h"
 #include "core/status.h"
 #include "data/data_stats.h"
@@ -28,6 +29,11 @@ Subcommand AddDataStatsCommand(CLI::App& root) {
             ASSIGN_OR_RETURN(auto opened, OpenFromFlags(flags->data));
             auto source = WithProgress(std::move(opened), flags->data, "reading");
             ASSIGN_OR_RETURN(const DataStats stats, ComputeDataStats(*source, flags->batch_size));
+            // As train: a source with no sample (an empty file, every line skipped) is an error.
+            if (stats.samples == 0) {
+              return absl::FailedPreconditionError(
+                  absl::StrCat(source->Describe(), " yields no samples"));
+            }
             if (flags->json) {
               std::printf("%s\n", stats.ToJson().dump(2).c_str());
             } else {

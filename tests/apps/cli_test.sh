@@ -218,6 +218,8 @@ expect_error csv_dev_zero "/dev/zero:1: line longer than" data-stats --data csv:
 expect_error criteo_dev_zero "/dev/zero:1: line longer than" sim --data criteo:/dev/zero \
   --cache-rows 10 --quiet
 expect_error criteo_directory "is a directory" data-stats --data "criteo:$WORK" --quiet
+expect_error data_stats_empty "synthetic .* yields no samples" data-stats \
+  --data "synthetic:samples=0" --quiet
 expect_error bin_directory "is a directory" train --data "bin:$WORK" --quiet
 expect_error diverged "training diverged: the loss .* is .*nan" train --data "$SYN" --lr 1e30 \
   --batch-size 256 --iterations 5 --quiet
