@@ -1,5 +1,7 @@
 #include "python/src/py_job.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -138,9 +140,17 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
     }
     absl::StatusOr<JobData> opened;
     {
+      // The passes over the whole data before training (minutes on a Criteo day file) run
+      // Python's signal handlers between blocks: Ctrl-C raises KeyboardInterrupt there, not
+      // once they end. (PyErr_CheckSignals does nothing off the main thread.)
+      const StopPoll poll = [] {
+        py::gil_scoped_acquire gil;
+        return PyErr_CheckSignals() != 0 ? SIGINT : 0;
+      };
       py::gil_scoped_release release;
-      opened = OpenJobData(config, is_rank0);
+      opened = OpenJobData(config, is_rank0, nullptr, poll);
     }
+    if (PyErr_Occurred() != nullptr) throw py::error_already_set();  // from a signal handler
     if (!opened.ok()) RaiseError("ConfigError", std::string(opened.status().message()));
     data_schema = opened->schema;
     core->description_ = opened->description;

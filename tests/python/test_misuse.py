@@ -504,3 +504,27 @@ def test_a_gradient_with_the_negative_bit_is_refused_not_read_negated():
         with pytest.raises(ValueError, match=r"negative bit set .*resolve_neg"):
             trainer.end_iteration(lazy)
         trainer.end_iteration(lazy.resolve_neg())
+
+
+SIGINT_WHILE_COUNTING = """
+import os, signal, threading, time, bagpipe
+# Counting 20 million synthetic samples for eval_fraction takes minutes; Ctrl-C ends it at once.
+config = bagpipe.Config(data="synthetic:samples=20000000,tables=4", eval_fraction=0.1,
+                        batch_size=1024)
+start = time.monotonic()
+threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    bagpipe.Job(config).close()
+    print("opened")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt after", time.monotonic() - start)
+"""
+
+
+def test_ctrl_c_while_the_data_are_scanned_raises_keyboard_interrupt_at_once():
+    result = subprocess.run([sys.executable, "-c", SIGINT_WHILE_COUNTING], env=child_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    words = result.stdout.split()
+    assert words[0] == "KeyboardInterrupt", result.stdout
+    assert float(words[-1]) < 20
