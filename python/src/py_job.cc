@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "model/run_report.h"
@@ -40,7 +41,15 @@ void RaiseFailure(const absl::Status& status, const absl::Status& aborted) {
   if (!aborted.ok()) RaiseError("JobError", std::string(aborted.message()));
   switch (status.code()) {
     case absl::StatusCode::kFailedPrecondition:
-      RaiseError("UsageError", std::string(status.message()));
+      // The runtime's messages name its C++ calls; Python users know the methods' names.
+      RaiseError("UsageError", absl::StrReplaceAll(status.message(),
+                                                   {{"Trainer::SetLoopState", "set_loop_state"},
+                                                    {"LoopState::restore", "the restore callback"},
+                                                    {"BeginIteration", "begin_iteration"},
+                                                    {"EndIteration", "end_iteration"},
+                                                    {"LookupPooled", "lookup_pooled"},
+                                                    {"after Flush", "after flush()"},
+                                                    {"Flush inside", "flush() inside"}}));
     case absl::StatusCode::kInvalidArgument:
       RaiseError("ConfigError", std::string(status.message()));
     default:

@@ -130,7 +130,7 @@ def test_resume_refusals_are_clear(tmp_path):
         run(make_config("oracle", 1, resume=str(checkpoints)), tmp_path, "other",
             identity={"head": "mlp"})
     # The loop registers no state to restore.
-    with pytest.raises(bagpipe.Error, match="SetLoopState"):
+    with pytest.raises(bagpipe.Error, match="registered none \\(set_loop_state\\)"):
         run(make_config("oracle", 1, resume=str(checkpoints)), tmp_path, "none",
             register=False)
 
