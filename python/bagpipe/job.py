@@ -372,8 +372,8 @@ class Trainer:
         # lookup of the iteration hangs from; the generation whose backward ended it.
         self._end_node = None
         self._ended = -1
-        # begin_iteration returned None: this trainer's training ended (run_trainers checks it).
-        self._training_ended = False
+        # flush() or complete() succeeded: this trainer's training ended (run_trainers checks).
+        self._flushed = False
 
     def __repr__(self):
         return f"bagpipe.Trainer({self.id} of {self.num_trainers}, {self.device})"
@@ -448,7 +448,6 @@ class Trainer:
         self._end_node = None
         if info is None:
             self._batch = None
-            self._training_ended = True
             return None
         return self._make_batch(info, False)
 
@@ -546,6 +545,7 @@ class Trainer:
         self._core.flush()
         self._batch = None
         self._end_node = None
+        self._flushed = True
 
     def eval_batches(self):
         """After flush(): the held-out batches (config.eval_fraction or eval_data), each a
@@ -591,6 +591,7 @@ class Trainer:
         _check_info(info)
         self._end_pending()
         self._core.complete(*arrays, info_text)
+        self._flushed = True
 
     def set_loop_state(self, save, restore):
         """Makes checkpoints hold the loop's own state (the dense model, its optimizer, the loop's
@@ -950,18 +951,19 @@ class Job:
                 self.abort(f"trainer {trainer.id} raised {_describe(error)}")
                 return
             # A loop that returns before its training ended leaves the other trainers waiting for
-            # its part of the next iteration (its exchanges, all-reduces): the job ends now.
-            if not trainer._training_ended and self._core.aborted is None:
-                batch = trainer._batch
-                where = (f"at iteration {batch.iteration}" if batch is not None
-                         else "before its first iteration")
-                error = UsageError(
-                    f"run_trainers: trainer {trainer.id}'s function returned {where}, before its "
-                    "training ended: each trainer's loop runs until begin_iteration returns None "
-                    "(`for batch in trainer`), so that every trainer takes part in every "
-                    "iteration")
-                errors.append(error)
-                self.abort(str(error))
+            # its part of the next iteration (its exchanges, all-reduces): the job ends now. The
+            # flush finish() would do tells (it is refused while an iteration is open or left).
+            if not trainer._flushed and self._core.aborted is None:
+                try:
+                    trainer.flush()
+                except UsageError as refused:
+                    error = UsageError(
+                        f"run_trainers: trainer {trainer.id}'s function returned before its "
+                        f"training ended ({refused}): each trainer's loop runs every iteration "
+                        "(`for batch in trainer` until it ends), so that every trainer takes part "
+                        "in every iteration")
+                    errors.append(error)
+                    self.abort(str(error))
 
         threads = [threading.Thread(target=body, args=(i,), name=f"bagpipe-trainer-{i}")
                    for i in range(1, len(self.trainers))]

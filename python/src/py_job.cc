@@ -49,7 +49,8 @@ void RaiseFailure(const absl::Status& status, const absl::Status& aborted) {
                                                     {"EndIteration", "end_iteration"},
                                                     {"LookupPooled", "lookup_pooled"},
                                                     {"after Flush", "after flush()"},
-                                                    {"Flush inside", "flush() inside"}}));
+                                                    {"Flush inside", "flush() inside"},
+                                                    {"Flush before", "flush() before"}}));
     case absl::StatusCode::kInvalidArgument:
       RaiseError("ConfigError", std::string(status.message()));
     default:

@@ -451,11 +451,35 @@ def test_a_trainer_function_returning_before_its_training_ended_fails_at_once():
     start = time.monotonic()
     with bagpipe.Job(small_config(trainers=2)) as job:
         with pytest.raises(bagpipe.UsageError,
-                           match="trainer 1's function returned at iteration 2, before its "
-                                 "training ended"):
+                           match=r"trainer 1's function returned before its training ended "
+                                 r"\(flush\(\) inside an iteration\)"):
             job.run_trainers(train)
-        assert "returned at iteration 2" in job.aborted
+        assert "trainer 1's function returned before" in job.aborted
     assert time.monotonic() - start < 30
+
+
+def test_a_loop_that_counts_its_iterations_and_returns_without_flushing_is_fine():
+    # Every iteration run, then the function returns: run_trainers flushes (as finish() would).
+    def train(trainer):
+        for _ in range(6):
+            trainer.begin_iteration()
+            zero_step(trainer)
+        return trainer.id
+
+    with bagpipe.Job(small_config(trainers=2)) as job:
+        assert job.run_trainers(train) == [0, 1]
+        assert job.finish()["iterations"] == 6
+
+    def short(trainer):
+        for _ in range(6 if trainer.id == 0 else 4):
+            trainer.begin_iteration()
+            zero_step(trainer)
+
+    with bagpipe.Job(small_config(trainers=2)) as job:
+        with pytest.raises(bagpipe.UsageError, match=r"trainer 1's function returned before its "
+                           r"training ended \(flush\(\) before the end of training: iteration "
+                           r"4 was never run"):
+            job.run_trainers(short)
 
 
 BLOCKED_ITERABLE = """
