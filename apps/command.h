@@ -42,6 +42,11 @@ extern const CLI::Validator kNonNegative;
 // An unsigned 64-bit integer in decimal (no sign: CLI11 would wrap -1 to 2^64 - 1).
 extern const CLI::Validator kUint64;
 
+// Makes every numeric option of `app` and of its subcommands (those CLI11 types INT, UINT or
+// FLOAT) accept only a decimal number: CLI11 reads an empty value ("--lr $UNSET") as 0, "010" as
+// octal 8 and "0x10" as 16. Call once every option is added.
+void RequireDecimalNumbers(CLI::App* app);
+
 Subcommand AddConvertCommand(CLI::App& root);
 Subcommand AddDataStatsCommand(CLI::App& root);
 Subcommand AddSimCommand(CLI::App& root);

@@ -58,6 +58,15 @@ absl::StatusOr<Run> LoadRun(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(summary_path.string(), ": not a run summary (not a JSON object)"));
   }
+  // Every run summary carries its parameters' fingerprint: an object without one (`{}`, another
+  // tool's JSON) would compare as "not bit-identical" with nothing behind it.
+  const absl::StatusOr<std::string> sha = JsonString(run.summary, "params_sha256");
+  if (!sha.ok() || sha->size() != 64 ||
+      sha->find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        summary_path.string(),
+        ": not a run summary (no \"params_sha256\": 64 hex digits of the parameters' SHA-256)"));
+  }
   const fs::path dir = summary_path.parent_path();
   fs::path metrics_path = dir / "metrics.jsonl";
   if (fs::exists(metrics_path, error)) {
@@ -160,7 +169,7 @@ absl::Status RunCompare(const std::string& a_path, const std::string& b_path, bo
   }
   out["loss_curve"] = curve;
   if (json_out) {
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", DumpJson(out, 2).c_str());
     return absl::OkStatus();
   }
   std::printf("A: %s (cache %s)\nB: %s (cache %s)\n", a.name.c_str(),

@@ -1,4 +1,6 @@
+#include <cctype>
 #include <filesystem>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -52,6 +54,43 @@ const CLI::Validator kUint64(
       return "";
     },
     "UINT64");
+
+namespace {
+
+// "" when `value` is a decimal number as a person writes it (an optional sign, digits with an
+// optional fraction and exponent, or a spelled inf/nan that the range checks then refuse);
+// otherwise what is wrong with it. `integer`: a leading zero is refused too (C reads 010 as 8).
+std::string DecimalNumberError(const std::string& value, bool integer) {
+  if (value.empty()) return "an empty value is not a number";
+  const size_t at = value[0] == '-' || value[0] == '+' ? 1 : 0;
+  const absl::string_view body = absl::string_view(value).substr(at);
+  if (!integer && (absl::EqualsIgnoreCase(body, "inf") || absl::EqualsIgnoreCase(body, "nan") ||
+                   absl::EqualsIgnoreCase(body, "infinity"))) {
+    return "";
+  }
+  if (body.size() > 1 && body[0] == '0' && std::isalpha(static_cast<unsigned char>(body[1]))) {
+    return absl::StrCat("'", value, "' is not a decimal number (no 0x, 0b or 0o prefixes)");
+  }
+  if (integer && body.size() > 1 && body[0] == '0') {
+    return absl::StrCat("'", value, "': a leading 0 would read as octal; write it in decimal");
+  }
+  return "";
+}
+
+}  // namespace
+
+void RequireDecimalNumbers(CLI::App* app) {
+  for (CLI::Option* option : app->get_options()) {
+    const std::string type = option->get_type_name();
+    const bool integer = absl::StartsWith(type, "INT") || absl::StartsWith(type, "UINT");
+    if (!integer && !absl::StartsWith(type, "FLOAT")) continue;
+    option->check(CLI::Validator(
+        [integer](std::string& value) { return DecimalNumberError(value, integer); }, ""));
+  }
+  for (CLI::App* sub : app->get_subcommands([](CLI::App*) { return true; })) {
+    RequireDecimalNumbers(sub);
+  }
+}
 
 void AddDataFlags(CLI::App* app, DataFlags* flags) {
   app->add_option("--data", flags->data,

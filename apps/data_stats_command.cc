@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "apps/command.h"
+#include "core/json_fields.h"
 #include "core/status.h"
 #include "data/data_stats.h"
 
@@ -35,7 +36,7 @@ Subcommand AddDataStatsCommand(CLI::App& root) {
                   absl::StrCat(source->Describe(), " yields no samples"));
             }
             if (flags->json) {
-              std::printf("%s\n", stats.ToJson().dump(2).c_str());
+              std::printf("%s\n", DumpJson(stats.ToJson(), 2).c_str());
             } else {
               std::printf("%s", stats.Table().c_str());
             }

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
       bagpipe::AddDataStatsCommand(root), bagpipe::AddConvertCommand(root),
       bagpipe::AddSimCommand(root),       bagpipe::AddTunablesCommand(root),
   };
+  bagpipe::RequireDecimalNumbers(&root);
   try {
     root.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "apps/command.h"
+#include "core/json_fields.h"
 #include "core/status.h"
 #include "oracle/simulator.h"
 #include "trainer_hooks/job_limits.h"
@@ -140,7 +141,7 @@ Subcommand AddSimCommand(CLI::App& root) {
         if (flags->json) {
           nlohmann::json out = result.ToJson();
           out["data"] = read.ToJson();
-          std::printf("%s\n", out.dump(2).c_str());
+          std::printf("%s\n", DumpJson(out, 2).c_str());
         } else {
           std::printf("%s", result.Table().c_str());
           if (read.skipped_lines > 0) {

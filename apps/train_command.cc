@@ -109,6 +109,11 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
   std::unique_ptr<JsonLinesWriter> metrics;
   if (!flags.metrics_out.empty() && is_trainer0) {
     ASSIGN_OR_RETURN(metrics, JsonLinesWriter::Open(flags.metrics_out));
+    metrics->set_stale_on_fresh_start(
+        {flags.summary_json,
+         flags.dump_params.empty()
+             ? std::string()
+             : (std::filesystem::path(flags.dump_params) / "params.bin").string()});
     loop.metrics = metrics.get();
   }
 

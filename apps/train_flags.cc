@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -214,15 +215,26 @@ absl::Status FinishTrainFlags(TrainFlags* flags) {
     if (flags->metrics_out.empty()) flags->metrics_out = (dir / "metrics.jsonl").string();
     if (flags->summary_json.empty()) flags->summary_json = (dir / "summary.json").string();
   }
-  // Two outputs on one file would overwrite each other.
-  if (!flags->metrics_out.empty() && !flags->summary_json.empty()) {
-    std::error_code e1, e2;
-    const std::filesystem::path a = std::filesystem::weakly_canonical(flags->metrics_out, e1);
-    const std::filesystem::path b = std::filesystem::weakly_canonical(flags->summary_json, e2);
-    if (flags->metrics_out == flags->summary_json || (!e1 && !e2 && a == b)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--metrics-out and --summary-json name the same file '",
-                       Excerpt(flags->metrics_out), "': each would overwrite the other"));
+  // Two outputs on one file would overwrite each other (--dump-params DIR writes DIR/params.bin).
+  const std::pair<const char*, std::string> files[] = {
+      {"--metrics-out", flags->metrics_out},
+      {"--summary-json", flags->summary_json},
+      {"--dump-params", flags->dump_params.empty()
+                            ? std::string()
+                            : (std::filesystem::path(flags->dump_params) / "params.bin").string()}};
+  for (size_t i = 0; i < std::size(files); ++i) {
+    for (size_t j = i + 1; j < std::size(files); ++j) {
+      const std::string& a = files[i].second;
+      const std::string& b = files[j].second;
+      if (a.empty() || b.empty()) continue;
+      std::error_code e1, e2;
+      const std::filesystem::path ca = std::filesystem::weakly_canonical(a, e1);
+      const std::filesystem::path cb = std::filesystem::weakly_canonical(b, e2);
+      if (a == b || (!e1 && !e2 && ca == cb)) {
+        return absl::InvalidArgumentError(absl::StrCat(files[i].first, " and ", files[j].first,
+                                                       " name the same file '", Excerpt(a),
+                                                       "': each would overwrite the other"));
+      }
     }
   }
   config.data = flags->data.data;

@@ -20,6 +20,10 @@ absl::Status Missing(absl::string_view key) {
 
 }  // namespace
 
+std::string DumpJson(const nlohmann::json& value, int indent, bool ensure_ascii) {
+  return value.dump(indent, ' ', ensure_ascii, nlohmann::json::error_handler_t::replace);
+}
+
 nlohmann::json ParseUntrustedJson(std::string_view text, bool* too_deep) {
   bool deep = false;
   // The callback sees every value with its depth; a value too deep is dropped, not built.

@@ -23,6 +23,12 @@ inline constexpr int kMaxJsonDepth = 64;
 // there, so such a document is refused here. *too_deep (may be null) tells the two apart.
 nlohmann::json ParseUntrustedJson(std::string_view text, bool* too_deep = nullptr);
 
+// value.dump(indent), except that bytes of strings that are not UTF-8 (a Latin-1 path or column
+// name, which Linux and CSV files allow) are written as U+FFFD instead of throwing: nlohmann's
+// dump throws type_error 316 there, which would end the process after the work is done.
+// `ensure_ascii` escapes every non-ASCII character (\uXXXX).
+std::string DumpJson(const nlohmann::json& value, int indent = -1, bool ensure_ascii = false);
+
 // `value` as an int64: it must be a JSON integer within the int64 range. `what` names it in the
 // error ("samples").
 absl::StatusOr<int64_t> JsonToInt64(const nlohmann::json& value, absl::string_view what);

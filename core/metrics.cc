@@ -76,6 +76,19 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration) {
     }
   }
   RETURN_IF_ERROR(Annotate(WriteFileAtomically(path_, kept), "metrics file"));
+  if (keep_through_iteration < 0) {
+    // A fresh run replaces the earlier run's figures in full: its summary and parameters go with
+    // its metrics, so a run that then fails leaves no summary that the metrics contradict.
+    for (const std::string& stale : stale_on_fresh_start_) {
+      std::error_code error;
+      if (!stale.empty() && stale != "-" &&
+          std::filesystem::is_regular_file(std::filesystem::symlink_status(stale, error)) &&
+          !std::filesystem::remove(stale, error) && error) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("cannot remove the earlier run's '", stale, "': ", error.message()));
+      }
+    }
+  }
   fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (fd_ < 0) {
     return absl::FailedPreconditionError(
@@ -86,7 +99,7 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration) {
 }
 
 absl::Status JsonLinesWriter::Write(const nlohmann::json& record) {
-  const std::string line = record.dump() + "\n";
+  const std::string line = DumpJson(record) + "\n";
   std::lock_guard<std::mutex> lock(mu_);
   if (!started_) RETURN_IF_ERROR(StartLocked(-1));
   if (fd_ < 0) return absl::FailedPreconditionError("metrics file not open");
@@ -107,7 +120,7 @@ absl::Status JsonLinesWriter::Write(const nlohmann::json& record) {
 }
 
 absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& value) {
-  return WriteFileAtomically(path, value.dump(2) + "\n");
+  return WriteFileAtomically(path, DumpJson(value, 2) + "\n");
 }
 
 absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path) {

@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -40,6 +41,12 @@ class JsonLinesWriter {
   // lines without one) are kept and later records appended. Either way the replacement is
   // atomic. Write calls Start(-1) if it was not called. REQUIRES: called at most once.
   absl::Status Start(int64_t keep_through_iteration = -1);
+  // Outputs of the same run (its summary, its parameter dump) that a fresh Start (not a resumed
+  // one) removes if they are regular files: they belong to the earlier run the new metrics
+  // replace. Call before Start.
+  void set_stale_on_fresh_start(std::vector<std::string> paths) {
+    stale_on_fresh_start_ = std::move(paths);
+  }
   // Appends `record` as one line.
   absl::Status Write(const nlohmann::json& record);
   const std::string& path() const { return path_; }
@@ -54,6 +61,7 @@ class JsonLinesWriter {
   int fd_ ABSL_GUARDED_BY(mu_) = -1;  // -1 until started; stdout's for "-"
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   int64_t size_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of complete lines in the file
+  std::vector<std::string> stale_on_fresh_start_;
 };
 
 // Writes `value` to `path` as pretty-printed JSON (summaries), atomically: the file holds its

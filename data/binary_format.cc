@@ -722,7 +722,7 @@ absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string
     header["tables"].push_back(
         {{"offsets", offsets_at}, {"ids", ids_at}, {"id_bytes", id_bytes[t]}});
   }
-  const std::string header_text = header.dump();
+  const std::string header_text = DumpJson(header);
 
   // The prefix's checksums are known only after the body is written: it is written with zeros
   // first and overwritten at the end.

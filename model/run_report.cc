@@ -87,11 +87,16 @@ absl::StatusOr<nlohmann::json> RunRecorder::Finish(const JobResult& result, cons
       info.contains("iterations")
           ? info.value("iterations", int64_t{0})
           : (result.trainers.empty() ? 0 : result.trainers.at(0).stats.iterations);
+  // Figures a loop did not report (a user's loop may pass no info) are null, not 0: `compare`
+  // shows them as "-" rather than as a measurement.
   int64_t samples = 0;
+  bool samples_reported = false;
   for (const TrainerOutcome& outcome : result.trainers) {
     samples += outcome.info.value("samples", int64_t{0});
+    samples_reported |= outcome.info.contains("samples");
   }
   const double train_seconds = info.value("seconds", 0.0);
+  const bool seconds_reported = info.contains("seconds");
   const OptimizerConfig& sparse = config_.optimizer;
   const OptimizerConfig dense = config_.DenseOptimizer();
   nlohmann::json summary = {
@@ -118,15 +123,20 @@ absl::StatusOr<nlohmann::json> RunRecorder::Finish(const JobResult& result, cons
       {"deterministic", config_.deterministic},
       {"dim", options_.trainer.dim},
       {"iterations", iterations},
-      {"samples", samples},
-      {"train_seconds", train_seconds},
+      {"samples", samples_reported ? nlohmann::json(samples) : nlohmann::json(nullptr)},
+      {"train_seconds", seconds_reported ? nlohmann::json(train_seconds) : nlohmann::json(nullptr)},
       {"job_seconds", result.seconds},
-      {"samples_per_s", train_seconds > 0 ? samples / train_seconds : 0.0},
-      {"ms_per_iteration", iterations > 0 ? 1e3 * train_seconds / iterations : 0.0},
-      // null where no iteration was trained (a resume at the job's last iteration).
+      {"samples_per_s", !samples_reported || !seconds_reported ? nlohmann::json(nullptr)
+                        : train_seconds > 0 ? nlohmann::json(samples / train_seconds)
+                                            : nlohmann::json(0.0)},
+      {"ms_per_iteration",
+       !seconds_reported ? nlohmann::json(nullptr)
+                         : nlohmann::json(iterations > 0 ? 1e3 * train_seconds / iterations : 0.0)},
+      // null where no iteration was trained (a resume at the job's last iteration) or the loop
+      // reported no loss.
       {"train_loss", info.contains("train_loss") && info["train_loss"].is_number()
                          ? info["train_loss"]
-                         : nlohmann::json(iterations > 0 ? nlohmann::json(0.0) : nullptr)},
+                         : nlohmann::json(nullptr)},
       {"hit_rate", total.hit_rate()},
       {"fills", total.fills},
       {"evictions", total.evictions},

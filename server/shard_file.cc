@@ -31,7 +31,7 @@ absl::StatusOr<FileDigest> WriteShard(const std::string& path, const RowStore& s
                                  {"iteration", identity.iteration},
                                  {"record_floats", rf},
                                  {"rows", store.size()}};
-  const std::string text = header.dump();
+  const std::string text = DumpJson(header);
   const uint32_t length = static_cast<uint32_t>(text.size());
   RETURN_IF_ERROR(writer->Append(&length, sizeof(length)));
   RETURN_IF_ERROR(writer->Append(text));

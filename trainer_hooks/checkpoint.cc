@@ -48,7 +48,7 @@ bool IsTemporary(absl::string_view name) {
 // manifest may hold anything).
 std::string Show(const nlohmann::json& value) {
   if (value.is_null()) return "(not set)";
-  std::string text = value.dump(-1, ' ', /*ensure_ascii=*/true);
+  std::string text = DumpJson(value, -1, /*ensure_ascii=*/true);
   constexpr size_t kMaxBytes = 300;
   if (text.size() > kMaxBytes) {
     text = absl::StrCat(text.substr(0, kMaxBytes), "... (", text.size(), " bytes)");
@@ -214,7 +214,7 @@ absl::Status WriteManifest(const std::string& checkpoint, const CheckpointManife
                             {"files", files}};
   return WriteChecksummedFile((fs::path(checkpoint) / kManifestName).string(),
                               std::string_view(kManifestMagic, 8), kCheckpointFormatVersion,
-                              j.dump(2))
+                              DumpJson(j, 2))
       .status();
 }
 

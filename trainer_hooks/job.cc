@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/json_fields.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/tunables.h"
@@ -79,7 +80,7 @@ Bytes EncodeOutcome(const TrainerOutcome& outcome) {
   w.PutVector(outcome.eval_predictions);
   w.PutVector(outcome.eval_labels);
   nlohmann::json blob = {{"info", outcome.info}, {"stats", outcome.stats.ToJson()}};
-  w.PutString(blob.dump());
+  w.PutString(DumpJson(blob));
   return w.Take();
 }
 

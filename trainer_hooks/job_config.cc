@@ -386,18 +386,21 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream, const 
     const bool one_pass = !error && std::filesystem::exists(status) &&
                           !std::filesystem::is_regular_file(status) &&
                           !std::filesystem::is_directory(status);
-    if (one_pass && (dictionary_text || config.eval_fraction > 0)) {
-      return Invalid("--data ", config.data,
-                     ": not a regular file (a pipe, FIFO or device is read once), ", "and ",
-                     dictionary_text
-                         ? absl::StrCat(absl::StartsWith(config.data, "csv:")
-                                            ? "csv: data are"
-                                            : "criteo: data without --row-budget are",
-                                        " dictionary-encoded, which reads the data once for the "
-                                        "table sizes before training")
-                         : std::string("--eval-fraction counts the samples before training"),
-                     ": write it to a file first (bagpipe convert --data ", config.data,
-                     " --out FILE.bin reads it in one pass; then --data bin:FILE.bin)");
+    const bool epochs = config.iterations == 0 && config.epochs > 1;
+    if (one_pass && (dictionary_text || config.eval_fraction > 0 || epochs)) {
+      return Invalid(
+          "--data ", config.data, ": not a regular file (a pipe, FIFO or device is read once), ",
+          "and ",
+          dictionary_text ? absl::StrCat(absl::StartsWith(config.data, "csv:")
+                                             ? "csv: data are"
+                                             : "criteo: data without --row-budget are",
+                                         " dictionary-encoded, which reads the data once for the "
+                                         "table sizes before training")
+          : config.eval_fraction > 0
+              ? std::string("--eval-fraction counts the samples before training")
+              : absl::StrCat("--epochs ", config.epochs, " reads it ", config.epochs, " times"),
+          ": write it to a file first (bagpipe convert --data ", config.data,
+          " --out FILE.bin reads it in one pass; then --data bin:FILE.bin)");
     }
   }
   ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source, OpenSource(config.data, config.source));

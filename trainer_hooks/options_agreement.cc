@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/json_fields.h"
 #include "core/optimizer.h"
 #include "core/status.h"
 #include "oracle/planner.h"
@@ -26,7 +27,7 @@ std::string Show(const nlohmann::json& value) {
   } else if (value.is_null()) {
     text = "(not set)";
   } else {
-    text = value.dump();
+    text = DumpJson(value);
   }
   constexpr size_t kMax = 60;
   if (text.size() > kMax) text = absl::StrCat(text.substr(0, kMax), "...");
@@ -107,7 +108,7 @@ nlohmann::json OptionsThatMustAgree(const JobOptions& options) {
 
 absl::Status CheckOptionsAgree(Transport& transport, const nlohmann::json& agreed,
                                absl::Duration timeout) {
-  const std::string text = agreed.dump();
+  const std::string text = DumpJson(agreed);
   if (transport.rank() != 0) {
     RETURN_IF_ERROR(transport.Send(0, kTagOptions, Bytes(text.begin(), text.end())));
     ASSIGN_OR_RETURN(Message verdict, transport.Receive(0, kTagOptions, timeout));

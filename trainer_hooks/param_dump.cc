@@ -84,7 +84,7 @@ absl::StatusOr<std::string> ParamWriter::Finish() {
   header_["dense_count"] = dense_count_;
   header_["rows"] = rows_;
   header_["sha256"] = digest;
-  const std::string text = header_.dump();
+  const std::string text = DumpJson(header_);
   if (text.size() + sizeof(kMagic) + sizeof(uint64_t) > kHeaderBytes) {
     return absl::InternalError("parameter header too large");
   }

@@ -235,6 +235,8 @@ class Trainer {
 
   // Registers the stream the caller computes on (a cudaStream_t on the trainer's device;
   // nullptr: none, the default): see the device contract above. CPU: only nullptr is accepted.
+  // The legacy default stream (PyTorch's default stream, which it reports as 0) is
+  // cudaStreamLegacy, not nullptr.
   absl::Status SetExternalStream(void* stream);
 
   EmbeddingCache& cache();

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "core/json_fields.h"
 #include "core/optimizer.h"
 #include "core/row_init.h"
 #include "data/synthetic.h"
@@ -124,7 +125,7 @@ int Main(int argc, char** argv) {
                                  {"load_seconds", load_s},
                                  {"load_gb_per_s", bytes / load_s / 1e9},
                                  {"peak_rss_gb", usage.ru_maxrss / 1e6}};
-  std::printf("%s\n", result.dump().c_str());
+  std::printf("%s\n", DumpJson(result).c_str());
   return loaded_rows == total ? 0 : 1;
 }
 

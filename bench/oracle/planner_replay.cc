@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "core/json_fields.h"
 #include "data/synthetic.h"
 #include "nlohmann/json.hpp"
 #include "oracle/plan_digest.h"
@@ -387,7 +388,7 @@ int Main(int argc, char** argv) {
     out["span_ms_per_batch"] = (after.span_seconds - before.span_seconds) * 1e3 / iterations;
     out["pass_ms_per_batch"] = (after.pass_seconds - before.pass_seconds) * 1e3 / iterations;
   }
-  std::cout << out.dump() << "\n";
+  std::cout << DumpJson(out) << "\n";
   return 0;
 }
 

@@ -566,7 +566,9 @@ class Trainer:
         labels in [0, 1] (summary.json's log loss and AUC; ValueError naming the first element
         outside, NaN included); ``info``: the loop's figures
         for summary.json (train_loss, iterations, samples, seconds, time_ms; checked here: a
-        figure of the wrong type raises TypeError, a negative one ValueError)."""
+        figure of the wrong type raises TypeError, a negative one ValueError). A figure not
+        given is null there (iterations: the count the runtime kept), which ``bagpipe compare``
+        shows as "-"."""
         def flat(values, what):
             if values is None:
                 return None

@@ -17,6 +17,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "apps/train_flags.h"
+#include "core/json_fields.h"
 #include "core/metrics.h"
 #include "core/row_init.h"
 #include "model/dense_model.h"
@@ -173,7 +174,7 @@ void BindConfig(py::module_& m) {
               RaiseError("ConfigError", std::string(s.message()));
           },
           "Raises ConfigError naming the options that are out of range or contradict each other.")
-      .def("to_json", [](const JobConfig& c) { return c.ToJson().dump(); })
+      .def("to_json", [](const JobConfig& c) { return DumpJson(c.ToJson()); })
       .def("copy", [](const JobConfig& c) { return JobConfig(c); });
 }
 
@@ -185,6 +186,7 @@ py::tuple ParseTrainArgs(std::vector<std::string> args, const std::string& prog,
   CLI::App app(description, prog);
   TrainFlags flags;
   AddTrainFlags(&app, &flags);
+  RequireDecimalNumbers(&app);
   app.footer(std::string(kTrainFooter) + "\n" + kDataHelp);
   std::reverse(args.begin(), args.end());
   try {

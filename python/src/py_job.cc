@@ -11,8 +11,13 @@
 #include <thread>
 #include <vector>
 
+#if BAGPIPE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "core/json_fields.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "model/run_report.h"
@@ -336,15 +341,14 @@ py::object JobCore::Finish(const std::string& summary_json, const std::string& d
   if (result.oracle.stopped_at >= 0) {
     // Stopped (request_stop): no parameters were gathered; say where to resume.
     const CheckpointStats& saved = result.oracle.checkpoint;
-    return py::str(nlohmann::json{
+    return py::str(DumpJson(nlohmann::json{
         {"stopped",
          {{"iteration", result.oracle.stopped_at},
           {"signal", result.oracle.stop_signal},
           {"checkpoint", saved.last.empty() ? saved.resumed_from : saved.last},
           {"resume", options_.checkpoint.dir},
           {"message",
-           std::string(StoppedJobStatus(result.oracle, options_.checkpoint).message())}}}}
-                       .dump());
+           std::string(StoppedJobStatus(result.oracle, options_.checkpoint).message())}}}}));
   }
   absl::StatusOr<nlohmann::json> summary = recorder->Finish(result, description_, mpirun_);
   if (!summary.ok()) RaiseError("JobError", std::string(summary.status().message()));
@@ -754,12 +758,18 @@ int64_t PyTrainer::FirstIteration() {
 
 std::string PyTrainer::StatsJson() {
   TrainerCall call(*this, busy_, *core_, "stats");
-  return trainer().stats().ToJson().dump();
+  return DumpJson(trainer().stats().ToJson());
 }
 
 void PyTrainer::SetExternalStream(uintptr_t stream) {
   TrainerCall call(*this, busy_, *core_, "set_external_stream");
   void* pointer = reinterpret_cast<void*>(stream);
+#if BAGPIPE_WITH_CUDA
+  // PyTorch names its default stream 0: the legacy default stream, which CUDA calls take as
+  // cudaStreamLegacy. Passed on as 0 it would mean "no stream", and nothing would order the
+  // loop's work on it against the runtime's streams (created non-blocking).
+  if (stream == 0) pointer = static_cast<void*>(cudaStreamLegacy);
+#endif
   absl::Status status = trainer().SetExternalStream(pointer);
   if (status.ok()) status = copy_order_->Set(pointer);
   if (!status.ok()) RaiseError("UsageError", std::string(status.message()));

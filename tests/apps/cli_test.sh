@@ -116,8 +116,45 @@ expect_error bad_bottom "bottom" train --data "$SYN" --dim 8 --bottom 13-64-16 -
 expect_error tiny_cache "error:.*(capacity|cache)" train --data "$SYN" --batch-size 512 --iterations 5 \
   --cache oracle --cache-rows 10 --quiet
 expect_error bad_eval_fraction "eval-fraction" train --data "$SYN" --eval-fraction 1.5 --quiet
+# Numbers are decimal: an empty value (an unset shell variable) is not 0, 010 is not octal 8 and
+# 0x10 not 16.
+expect_error empty_number "--lr: an empty value is not a number" train --data "$SYN" --lr "" --quiet
+expect_error octal_number "--batch-size: '010': a leading 0 would read as octal" train \
+  --data "$SYN" --batch-size 010 --quiet
+expect_error hex_number "--lr: '0x10' is not a decimal number" train --data "$SYN" --lr 0x10 \
+  --quiet
+expect_error stats_empty_number "--max-samples: an empty value is not a number" data-stats \
+  --data "$SYN" --max-samples ""
 expect_error bad_link "server-link|link" train --data "$SYN" --server-link "fast" --quiet
 expect_error compare_missing "summary.json|No such" compare "$WORK/nothing" "$WORK/off"
+mkdir -p "$WORK/not_a_run" && echo '{}' >"$WORK/not_a_run/summary.json"
+expect_error compare_not_a_summary "not_a_run/summary.json: not a run summary \(no .params_sha256." \
+  compare "$WORK/off" "$WORK/not_a_run"
+# Two outputs naming one file would overwrite each other: refused before anything runs.
+expect_error params_vs_summary "--summary-json and --dump-params name the same file" train \
+  --data "$SYN" --iterations 2 --quiet --dump-params "$WORK/clash" \
+  --summary-json "$WORK/clash/params.bin"
+expect_error params_vs_metrics "--metrics-out and --dump-params name the same file" train \
+  --data "$SYN" --iterations 2 --quiet --dump-params "$WORK/clash" \
+  --metrics-out "$WORK/clash/params.bin"
+# A fresh run into an earlier run's --out that fails leaves no summary its metrics contradict.
+expect_ok stale_first train --data "$SYN" --iterations 3 --quiet --out "$WORK/stale" \
+  --dump-params "$WORK/stale"
+expect_error stale_second "error:" train --data "$SYN" --iterations 3 --quiet --out "$WORK/stale" \
+  --dump-params "$WORK/stale" --cache oracle --cache-rows 10
+if [[ -e "$WORK/stale/summary.json" || -e "$WORK/stale/params.bin" ]]; then
+  echo "FAIL stale_outputs: the failed run left the earlier run's summary or parameters"
+  failures=$((failures + 1))
+fi
+# Paths and column names that are not UTF-8 (Latin-1 names): trained and summarised (JSON gets
+# U+FFFD for those bytes), not aborted once the training is done.
+cp "$SRC/tests/fixtures/criteo_kaggle_sample_100.tsv" "$WORK/latin1_"$'\xe9'".tsv"
+expect_ok latin1_path train --data "criteo:$WORK/latin1_"$'\xe9'".tsv" --batch-size 16 \
+  --iterations 3 --quiet --out "$WORK/latin1_"$'\xe9'"_out"
+printf 'y,ann\xe9e,i\n1,1999,a\n0,2001,b\n' >"$WORK/latin1.csv"
+expect_ok latin1_column convert --quiet --data "csv:$WORK/latin1.csv" \
+  --schema "label=y; dense=ann"$'\xe9'"e; sparse=i" -o "$WORK/latin1.bin"
+expect_ok latin1_column_stats data-stats --data "bin:$WORK/latin1.bin" --json
 # Flags out of range, NaN, or beyond what the machine can run: refused up front, naming the flag
 # and its value (and the estimate where the limit depends on the machine).
 SHORT=(--data "$SYN" --batch-size 512 --iterations 2 --quiet)
@@ -385,6 +422,17 @@ elif ! grep -q "not a regular file (a pipe, FIFO or device is read once), and cr
   failures=$((failures + 1))
 else
   echo "ok   pipe_dictionary"
+fi
+# So is one that --epochs 2 would read twice (refused before the first epoch trains).
+if piped=$(cat "${CRITEO#criteo:}" | "$BAGPIPE" train --data criteo:/dev/stdin --row-budget 1000 \
+     --epochs 2 --batch-size 16 --quiet 2>&1); then
+  echo "FAIL pipe_epochs: trained two epochs from a pipe"
+  failures=$((failures + 1))
+elif ! grep -q "not a regular file (a pipe, FIFO or device is read once), and --epochs 2 reads it 2 times" <<<"$piped"; then
+  echo "FAIL pipe_epochs: $piped"
+  failures=$((failures + 1))
+else
+  echo "ok   pipe_epochs"
 fi
 if cat "${CRITEO#criteo:}" | "$BAGPIPE" convert --data criteo:/dev/stdin --out "$WORK/piped.bin" \
      --quiet >"$WORK/piped.out" 2>&1; then

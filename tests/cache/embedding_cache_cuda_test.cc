@@ -5,6 +5,7 @@
 // bit-identical results) is pinned separately, so a failure says which promise broke.
 // Every test skips when no CUDA device is usable (CudaDeviceCount() == 0).
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -113,7 +114,10 @@ class CudaCacheTest : public ::testing::Test {
     const size_t out = static_cast<size_t>(batch.num_tables) * batch.num_samples * dim;
     GatherOptions options;
     options.pooling = pooling;
-    std::vector<float> cpu_pooled(out);
+    // Both outputs start as NaN, so that an output row a backend leaves unwritten (an empty
+    // bag skipped, say) shows.
+    const float unset = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> cpu_pooled(out, unset);
     options.weights = weighted ? batch.weights.data() : nullptr;
     EXPECT_TRUE(twins.cpu
                     ->Gather(batch.slots.data(), batch.offsets.data(), batch.num_tables,
@@ -122,7 +126,7 @@ class CudaCacheTest : public ::testing::Test {
     auto slots = Upload(batch.slots);
     auto offsets = Upload(batch.offsets);
     auto weights = Upload(batch.weights);
-    auto pooled = Zeros(out + pad);
+    auto pooled = Upload(std::vector<float>(out + pad, unset));
     options.weights = weighted ? weights.data() : nullptr;
     const absl::Status status = twins.cuda->Gather(slots.data(), offsets.data(), batch.num_tables,
                                                    batch.num_samples, pooled.data() + pad, options);
@@ -209,6 +213,7 @@ TEST_F(CudaCacheTest, EmptyBagsGiveZeros) {
   batch.num_samples = 9;
   batch.offsets.assign(19, 0);
   const auto [cpu, cuda] = GatherBoth(twins, batch, PoolingMode::kMean, false);
+  EXPECT_TRUE(BitEqual(std::vector<float>(2 * 9 * 8, 0.0f), cpu));
   EXPECT_TRUE(BitEqual(std::vector<float>(2 * 9 * 8, 0.0f), cuda));
 }
 
@@ -383,6 +388,8 @@ TEST_F(CudaCacheTest, FillOnTheCopyStreamAndExtractRoundTripBitForBit) {
       const std::vector<float> records = RandomRecords(dim + 5, 5, dim, record - dim);
       auto device_slots = Upload(slots);
       auto device_records = Upload(records);
+      // The uploads ran on the compute stream: the copy stream's Fill waits for them.
+      ASSERT_TRUE(cuda_->StreamWait(Stream::kCopy, Stream::kCompute).ok());
       ASSERT_TRUE(
           twins.cuda->Fill(device_slots.data(), device_records.data(), 5, Stream::kCopy).ok());
       ASSERT_TRUE(cuda_->StreamWait(Stream::kCompute, Stream::kCopy).ok());

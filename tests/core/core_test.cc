@@ -235,6 +235,17 @@ TEST(JsonFieldsTest, UntrustedJsonNestedTooDeepIsRefused) {
   EXPECT_FALSE(ParseUntrustedJson(limit).is_discarded());
 }
 
+// A Latin-1 path or column name (Linux and CSV files allow them) in a summary, a header or a
+// message: written with U+FFFD for the bytes that are not UTF-8, where nlohmann's dump throws.
+TEST(JsonFieldsTest, StringsThatAreNotUtf8AreDumpedWithReplacementCharacters) {
+  const nlohmann::json value = {{"path", "/data/ann\xe9e.tsv"}, {"ok", "caf\xc3\xa9"}};
+  EXPECT_THROW((void)value.dump(), nlohmann::json::type_error);
+  EXPECT_EQ(DumpJson(value), "{\"ok\":\"caf\xc3\xa9\",\"path\":\"/data/ann\xef\xbf\xbd.tsv\"}");
+  EXPECT_EQ(DumpJson(value, -1, /*ensure_ascii=*/true),
+            "{\"ok\":\"caf\\u00e9\",\"path\":\"/data/ann\\ufffd.tsv\"}");
+  EXPECT_EQ(DumpJson(nlohmann::json{{"a", 1}}, 2), "{\n  \"a\": 1\n}");
+}
+
 TEST(TunablesTest, ListedWithDefaults) {
   auto list = ListTunables();
   ASSERT_FALSE(list.empty());

@@ -274,6 +274,20 @@ def test_complete_with_info_that_is_no_json_names_it():
         assert job.finish()["train_loss"] == 0.5
 
 
+def test_figures_the_loop_did_not_report_are_null_in_the_summary():
+    # A loop that calls complete() without info (as the README's does) gets no made-up zeros:
+    # `bagpipe compare` would show them as measured.
+    with bagpipe.Job(small_config(iterations=2)) as job:
+        (trainer,) = job.trainers
+        run_and_flush(trainer)
+        trainer.complete()
+        summary = job.finish()
+    assert summary["iterations"] == 2  # the runtime's own count
+    for figure in ("train_loss", "samples", "samples_per_s", "train_seconds", "ms_per_iteration"):
+        assert summary[figure] is None, figure
+    assert summary["hit_rate"] > 0
+
+
 def watch_threads():
     return [t for t in threading.enumerate() if t.name == "bagpipe-interrupt-watch"]
 
