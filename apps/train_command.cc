@@ -49,11 +49,11 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
   InstallStopHandlers();
   const bool is_rank0 = mpi == nullptr || mpi->rank() == 0;
 
-  // Data: every rank opens it to learn the schema (dictionary-encoded text is scanned once so
-  // the table sizes are exact); only rank 0 streams it.
+  // Data: rank 0 opens and streams it (dictionary-encoded text is scanned once so the table
+  // sizes are exact) and tells the other ranks its schema.
   ASSIGN_OR_RETURN(JobData data,
-                   OpenJobData(
-                       config, is_rank0,
+                   OpenJobDataOnRankZero(
+                       config, mpi_transport,
                        [&flags](std::unique_ptr<SampleSource> source, const std::string& label) {
                          return WithProgress(std::move(source), flags.data, label);
                        },

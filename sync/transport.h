@@ -55,6 +55,7 @@ enum Tag : int {
   kTagHeartbeat = 14,    // any rank <-> rank 0: alive, or goodbye (transport-level, MpiTransport)
   kTagOptions = 15,      // any rank <-> rank 0: the options that must agree, and the verdict
   kTagRollCall = 16,     // any rank -> rank 0: arrived at the transport's set-up (MpiTransport)
+  kTagSchema = 17,       // rank 0 -> every rank: the data's schema, or why it could not be read
   kTagTest = 100,        // reserved for tests
 };
 

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/json_fields.h"
 #include "core/status.h"
 #include "trainer_hooks/checkpoint.h"
 #include "trainer_hooks/job_limits.h"
@@ -440,6 +441,59 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream, const 
       std::move(source),
       BatchStream::Options{config.batch_size, config.iterations > 0 ? 0 : config.epochs, false});
   data.description = data.train->source().Describe();
+  return data;
+}
+
+absl::StatusOr<JobData> OpenJobDataOnRankZero(const JobConfig& config, Transport* transport,
+                                              const SourceWrapper& wrap,
+                                              const StopPoll& stop_requested) {
+  if (transport == nullptr || transport->size() == 1) {
+    return OpenJobData(config, /*stream=*/true, wrap, stop_requested);
+  }
+  if (transport->rank() == 0) {
+    absl::StatusOr<JobData> data = OpenJobData(config, /*stream=*/true, wrap, stop_requested);
+    nlohmann::json message;
+    if (data.ok()) {
+      message = {{"schema", data->schema.ToJson()}, {"description", data->description}};
+    } else {
+      message = {{"code", static_cast<int>(data.status().code())},
+                 {"error", std::string(data.status().message())}};
+    }
+    const std::string text = DumpJson(message);
+    for (int r = 1; r < transport->size(); ++r) {
+      const absl::Status sent = transport->Send(r, kTagSchema, Bytes(text.begin(), text.end()));
+      if (!sent.ok() && data.ok()) return sent;
+    }
+    return data;
+  }
+  // The other ranks: rank 0's message, however long its scan of the data takes.
+  absl::StatusOr<Message> received;
+  while (true) {
+    received = transport->Receive(0, kTagSchema, absl::Milliseconds(100));
+    if (!absl::IsDeadlineExceeded(received.status())) break;
+    if (const int signal = stop_requested ? stop_requested() : 0; signal != 0) {
+      return absl::CancelledError(absl::StrCat("stopped by ", StopSignalName(signal),
+                                               " while rank 0 read the data; nothing saved"));
+    }
+  }
+  if (!received.ok()) return received.status();
+  const nlohmann::json message = nlohmann::json::parse(
+      received->payload.begin(), received->payload.end(), nullptr, /*allow_exceptions=*/false);
+  if (message.is_object() && message.contains("error") && message["error"].is_string() &&
+      message.contains("code") && message["code"].is_number_integer()) {
+    const int code = message["code"].get<int>();
+    return absl::Status(code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+                            ? static_cast<absl::StatusCode>(code)
+                            : absl::StatusCode::kUnknown,
+                        absl::StrCat("rank 0: ", message["error"].get<std::string>()));
+  }
+  if (!message.is_object() || !message.contains("schema") || !message.contains("description") ||
+      !message["description"].is_string()) {
+    return absl::DataLossError("rank 0 sent a malformed description of the data");
+  }
+  JobData data;
+  ASSIGN_OR_RETURN(data.schema, Schema::FromJson(message["schema"]));
+  data.description = message["description"].get<std::string>();
   return data;
 }
 

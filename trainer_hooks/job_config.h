@@ -146,6 +146,18 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream,
                                     const SourceWrapper& wrap = nullptr,
                                     const StopPoll& stop_requested = nullptr);
 
+// OpenJobData for a job whose ranks are spread over `transport` (null: one process, which opens
+// the data as OpenJobData(config, true, ...)). Only rank 0 opens and streams the data: it sends
+// every other rank the schema and the data's description (kTagSchema), or the error that ended
+// its opening (with its code: a stop there ends every rank as a stop), so that the other ranks
+// need no access to the data and a dictionary-encoded file is scanned once per job, not once
+// per rank. The other ranks wait for that message as long as rank 0 is alive (the transport's
+// liveness watch ends the job otherwise); a stop requested on one of them (`stop_requested`,
+// polled every 100 ms) ends its wait with a Cancelled error.
+absl::StatusOr<JobData> OpenJobDataOnRankZero(const JobConfig& config, Transport* transport,
+                                              const SourceWrapper& wrap = nullptr,
+                                              const StopPoll& stop_requested = nullptr);
+
 // "SIGINT", "SIGTERM", "SIGUSR1", or "a stop request" for another signal number.
 const char* StopSignalName(int signal);
 

@@ -163,7 +163,8 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
         return PyErr_CheckSignals() != 0 ? SIGINT : 0;
       };
       py::gil_scoped_release release;
-      opened = OpenJobData(config, is_rank0, nullptr, poll);
+      opened = OpenJobDataOnRankZero(config, core->mpirun_ ? mpi.transport.get() : nullptr, nullptr,
+                                     poll);
     }
     if (PyErr_Occurred() != nullptr) throw py::error_already_set();  // from a signal handler
     if (!opened.ok()) RaiseError("ConfigError", std::string(opened.status().message()));

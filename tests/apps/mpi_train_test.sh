@@ -8,7 +8,8 @@
 #    stopped during the job's set-up (in MPI_Init, before the transport, once it is up; rank 0
 #    too, named by the others) or inside its shutdown barrier (then the others' MPI_Finalize is
 #    bounded); a rank failing alone before the start ends the job at once,
-#    naming it and its error.
+#    naming it and its error;
+#  - only rank 0 reads the data: ranks without the data file train as if they had it.
 # Usage: mpi_train_test.sh BAGPIPE_BINARY MPIEXEC
 set -u
 BAGPIPE=$1
@@ -132,18 +133,40 @@ STOP_RANK=0 setup_fault shutdown "rank [1-3] aborts the job: rank 0 \(oracle\) s
 STOP_RANK=3 setup_fault shutdown "rank [0-2] of 4 waited .* in the job's shutdown, MPI_Finalize|rank 3( \([a-z]+ [0-9]+\))? said goodbye, then sent nothing"
 STOP_RANK=1 setup_fault shutdown "rank [023] of 4 waited .* in the job's shutdown, MPI_Finalize|rank 1( \([a-z]+ [0-9]+\))? said goodbye, then sent nothing"
 
-# One rank fails alone before the job starts (its data is missing on its machine only: an MPMD
-# launch gives rank 2 another --data). Rank 0 must not wait for its options until the agreement's
-# timeout (an hour; the peer timeout here is 2 minutes, the whole job gets 60 s): the failed
-# rank's goodbye ends the agreement at once, naming the rank and its error, and every rank exits.
+# Only rank 0 reads the data: ranks given a path their machine does not have (an MPMD launch
+# gives ranks 2-3 another --data) learn the schema from rank 0 and train as if they had it.
+MOVIELENS="$(dirname "$0")/../fixtures/movielens_small.csv"
+ML=(--schema "label=rating>3.5; dense=year; sparse=userId,movieId" --batch-size 1000
+    --iterations 10 --cache oracle --cache-rows 4000 --dim 8 --servers 1 --quiet)
+timeout -k 5 120 "$MPIEXEC" -np 2 --oversubscribe "$BAGPIPE" train --data "csv:$MOVIELENS" \
+  "${ML[@]}" --out "$WORK/rank0_data" \
+  : -np 2 --oversubscribe "$BAGPIPE" train --data "csv:$WORK/only_here/missing.csv" "${ML[@]}" \
+  --out "$WORK/rank0_data" >"$WORK/rank0_data.log" 2>&1
+rc=$?
+"$BAGPIPE" train --data "csv:$MOVIELENS" "${ML[@]}" --trainers 2 --out "$WORK/rank0_data_embedded" \
+  >"$WORK/rank0_data_embedded.log" 2>&1
+if [[ $rc -ne 0 ]] || ! cmp -s <(sha "$WORK/rank0_data/summary.json") \
+     <(sha "$WORK/rank0_data_embedded/summary.json") ||
+   ! did_its_work "$WORK/rank0_data/summary.json"; then
+  echo "FAIL ranks without the data file: exit $rc, or parameters differ from the embedded run"
+  tail -5 "$WORK/rank0_data.log"; failures=$((failures + 1))
+else
+  echo "ok   only rank 0 reads the data: ranks without the file train, == embedded:" \
+    "$(sha "$WORK/rank0_data/summary.json")"
+fi
+
+# One rank fails alone before the job starts (an MPMD launch gives rank 2 a --top it cannot
+# parse). Rank 0 must not wait for its options until the agreement's timeout (an hour; the peer
+# timeout here is 2 minutes, the whole job gets 60 s): the failed rank's goodbye ends the
+# agreement at once, naming the rank and its error, and every rank exits.
 LONE=(--batch-size 200 --iterations 20 --cache oracle --cache-rows 2500 --dim 8 --servers 1
       --quiet --peer-timeout 120)
 start=$SECONDS
 timeout -k 5 60 "$MPIEXEC" -np 2 --oversubscribe "$BAGPIPE" train --data "$SYN" "${LONE[@]}" \
-  : -np 1 --oversubscribe "$BAGPIPE" train --data "csv:$WORK/only_here/missing.csv" "${LONE[@]}" \
+  : -np 1 --oversubscribe "$BAGPIPE" train --data "$SYN" --top 8-x-1 "${LONE[@]}" \
   : -np 1 --oversubscribe "$BAGPIPE" train --data "$SYN" "${LONE[@]}" >"$WORK/lone.log" 2>&1
 rc=$?
-expected="rank 0 waits for a message (tag 15) from rank 2, which ended its part of the job without sending it: it ended with NOT_FOUND: csv: cannot open"
+expected="rank 0 waits for a message (tag 15) from rank 2, which ended its part of the job without sending it: it ended with INVALID_ARGUMENT: MLP layer spec \"8-x-1\""
 if [[ $rc -eq 0 || $rc -ge 124 ]] || ! grep -qF -- "$expected" "$WORK/lone.log"; then
   echo "FAIL one rank failing alone: exit $rc after $((SECONDS - start)) s, expected '$expected'"
   tail -8 "$WORK/lone.log"; failures=$((failures + 1))

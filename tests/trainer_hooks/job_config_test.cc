@@ -6,6 +6,8 @@
 #include <signal.h>
 
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "data/synthetic.h"
 #include "gmock/gmock.h"
@@ -261,6 +263,101 @@ TEST(JobConfigTest, OpenJobDataStopsDuringItsPassesOverTheData) {
   ASSERT_TRUE(absl::IsCancelled(counted.status())) << counted.status();
   EXPECT_THAT(std::string(counted.status().message()),
               HasSubstr("stopped by SIGUSR1 while counting the samples for --eval-fraction"));
+}
+
+// Under mpirun only rank 0 opens the data; the other ranks learn its schema (here over
+// in-process ranks), so they need no access to the file and a dictionary-encoded file is
+// scanned once per job.
+std::vector<absl::StatusOr<JobData>> OpenOnRanks(const std::vector<JobConfig>& configs,
+                                                 std::vector<StopPoll> polls = {}) {
+  polls.resize(configs.size());
+  const int n = static_cast<int>(configs.size());
+  InProcessHub hub(n);
+  std::vector<absl::StatusOr<JobData>> opened;
+  for (int r = 0; r < n; ++r) opened.emplace_back(absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      opened[r] = OpenJobDataOnRankZero(configs[r], &hub.endpoint(r), nullptr, polls[r]);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return opened;
+}
+
+TEST(JobConfigTest, OnlyRankZeroOpensTheDataAndTellsTheOthersItsSchema) {
+  const std::string movielens =
+      std::string(BAGPIPE_SOURCE_DIR) + "/tests/fixtures/movielens_small.csv";
+  JobConfig config;
+  config.data = "csv:" + movielens;  // dictionary-encoded: rank 0 scans it for the table sizes
+  config.source.schema = "label=rating>3.5; dense=year; sparse=userId,movieId";
+  config.batch_size = 1024;
+  // Ranks 1 and 2 were given a path their machine does not have: they never open it.
+  JobConfig elsewhere = config;
+  elsewhere.data = "csv:/nonexistent/movielens_small.csv";
+  auto opened = OpenOnRanks({config, elsewhere, elsewhere});
+  auto alone = OpenJobData(config, /*stream=*/true);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  ASSERT_TRUE(opened[0].ok()) << opened[0].status();
+  ASSERT_NE(opened[0]->train, nullptr);
+  EXPECT_EQ(opened[0]->schema, alone->schema);
+  EXPECT_GT(alone->schema.table_rows[0], 600);  // the scan counted the users
+  for (int r = 1; r < 3; ++r) {
+    ASSERT_TRUE(opened[r].ok()) << opened[r].status();
+    EXPECT_EQ(opened[r]->schema, alone->schema);
+    EXPECT_EQ(opened[r]->description, alone->description);
+    EXPECT_EQ(opened[r]->train, nullptr);
+    EXPECT_EQ(opened[r]->eval, nullptr);
+  }
+  // One process (no transport, or a single rank) opens the data itself.
+  auto embedded = OpenJobDataOnRankZero(config, nullptr);
+  ASSERT_TRUE(embedded.ok()) << embedded.status();
+  EXPECT_NE(embedded->train, nullptr);
+}
+
+TEST(JobConfigTest, RankZerosErrorOpeningTheDataEndsEveryRankWithItsCode) {
+  JobConfig config;
+  config.data = "csv:/nonexistent/data.csv";
+  config.source.schema = "label=rating>3.5; sparse=userId";
+  JobConfig good = config;
+  good.data = "synthetic:samples=1000,tables=3,seed=4";  // never opened: rank 0 decides
+  auto opened = OpenOnRanks({config, good});
+  ASSERT_FALSE(opened[0].ok());
+  ASSERT_FALSE(opened[1].ok());
+  EXPECT_EQ(opened[1].status().code(), opened[0].status().code());
+  EXPECT_EQ(Message(opened[1].status()), "rank 0: " + Message(opened[0].status()));
+  EXPECT_THAT(Message(opened[1].status()), HasSubstr("/nonexistent/data.csv"));
+
+  // A stop during rank 0's scan stops every rank (Cancelled: exit status 75).
+  JobConfig scanned;
+  scanned.data = "csv:" + std::string(BAGPIPE_SOURCE_DIR) + "/tests/fixtures/movielens_small.csv";
+  scanned.source.schema = "label=rating>3.5; sparse=userId,movieId";
+  int polls = 0;
+  auto stopped =
+      OpenOnRanks({scanned, scanned}, {[&polls] { return ++polls >= 2 ? SIGTERM : 0; }, nullptr});
+  ASSERT_TRUE(absl::IsCancelled(stopped[0].status())) << stopped[0].status();
+  ASSERT_TRUE(absl::IsCancelled(stopped[1].status())) << stopped[1].status();
+  EXPECT_THAT(Message(stopped[1].status()),
+              HasSubstr("rank 0: stopped by SIGTERM while scanning the data for the table sizes"));
+}
+
+TEST(JobConfigTest, ARankWaitingForRankZerosSchemaStopsOnItsOwnStopRequest) {
+  // Rank 0 never sends (it is another rank's endpoint nobody drives): rank 1 waits until its
+  // stop poll asks for a stop.
+  InProcessHub hub(2);
+  JobConfig config;
+  config.data = "synthetic:samples=1000,tables=3,seed=4";
+  int polls = 0;
+  auto waited = OpenJobDataOnRankZero(config, &hub.endpoint(1), nullptr,
+                                      [&polls] { return ++polls >= 3 ? SIGUSR1 : 0; });
+  ASSERT_TRUE(absl::IsCancelled(waited.status())) << waited.status();
+  EXPECT_EQ(Message(waited.status()),
+            "stopped by SIGUSR1 while rank 0 read the data; nothing saved");
+  EXPECT_EQ(polls, 3);
+  // A malformed message from rank 0 is an error, not a crash.
+  ASSERT_TRUE(hub.endpoint(0).Send(1, kTagSchema, Bytes{'{', 'x'}).ok());
+  auto malformed = OpenJobDataOnRankZero(config, &hub.endpoint(1));
+  EXPECT_TRUE(absl::IsDataLoss(malformed.status())) << malformed.status();
 }
 
 }  // namespace
