@@ -29,12 +29,19 @@ namespace {
 void SetCheckpointIdentity(const TrainFlags& flags, const DlrmLoopOptions& loop,
                            CheckpointOptions* checkpoint) {
   const OptimizerConfig& dense = loop.model.optimizer;
+  nlohmann::json dense_optimizer = {{"kind", std::string(OptimizerName(dense.kind))},
+                                    {"lr", dense.learning_rate}};
+  if (dense.kind != OptimizerKind::kSgd) {
+    // --dense-eps changes every later step; the accumulators start from the checkpoint's, but a
+    // changed --dense-initial-accumulator says the resumed job is not the one checkpointed.
+    dense_optimizer["eps"] = dense.eps;
+    dense_optimizer["initial accumulator"] = dense.initial_accumulator;
+  }
   checkpoint->identity = {
       {"--batch-size", flags.config.batch_size},
       {"--model", flags.model},
       {"--eval-fraction", flags.config.eval_fraction},
-      {"dense optimizer",
-       {{"kind", std::string(OptimizerName(dense.kind))}, {"lr", dense.learning_rate}}},
+      {"dense optimizer", std::move(dense_optimizer)},
   };
   if (loop.head == DenseHeadKind::kDlrm) {
     checkpoint->identity["--bottom"] = FormatLayers(loop.model.bottom);

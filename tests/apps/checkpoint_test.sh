@@ -213,6 +213,9 @@ refuse option_batch "option --batch-size is 256 in the checkpoint and 512 here" 
   --resume "$good" --batch-size 512 --dim 8 --trainers 2
 refuse option_lr "option (dense|embedding) optimizer is .* in the checkpoint and .*0\.1.* here" \
   "${T2[@]}" --resume "$good" --lr 0.1
+# The dense optimizer's eps changes the training too (the job's dense optimizer is adagrad).
+refuse option_dense_eps "option dense optimizer is .*\"eps\":9\.9.* in the checkpoint and .*\"eps\":0\.1.* here" \
+  "${T2[@]}" --resume "$good" --dense-eps 0.1
 refuse option_trainers "option --trainers is 2 in the checkpoint and 1 here" \
   "${B[@]}" --resume "$good" --trainers 1
 refuse another_job "holds another job's checkpoints: .*option --dim" \
