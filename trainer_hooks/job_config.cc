@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "trainer_hooks/checkpoint.h"
 #include "trainer_hooks/job_limits.h"
+#include "trainer_hooks/oracle_role.h"
 
 namespace bagpipe {
 namespace {
@@ -451,7 +452,9 @@ absl::StatusOr<JobData> OpenJobDataOnRankZero(const JobConfig& config, Transport
     return OpenJobData(config, /*stream=*/true, wrap, stop_requested);
   }
   if (transport->rank() == 0) {
-    absl::StatusOr<JobData> data = OpenJobData(config, /*stream=*/true, wrap, stop_requested);
+    // A stop requested on another rank while this one scans the data stops the scan too.
+    const StopPoll poll = [&] { return PollStopRequest(*transport, stop_requested); };
+    absl::StatusOr<JobData> data = OpenJobData(config, /*stream=*/true, wrap, poll);
     nlohmann::json message;
     if (data.ok()) {
       message = {{"schema", data->schema.ToJson()}, {"description", data->description}};
@@ -466,14 +469,19 @@ absl::StatusOr<JobData> OpenJobDataOnRankZero(const JobConfig& config, Transport
     }
     return data;
   }
-  // The other ranks: rank 0's message, however long its scan of the data takes.
+  // The other ranks: rank 0's message, however long its scan of the data takes. A stop
+  // requested here goes to rank 0 (once), which ends its scan and tells every rank, or, its
+  // scan done, stops the job at its first iteration.
   absl::StatusOr<Message> received;
+  bool forwarded = false;
   while (true) {
     received = transport->Receive(0, kTagSchema, absl::Milliseconds(100));
     if (!absl::IsDeadlineExceeded(received.status())) break;
-    if (const int signal = stop_requested ? stop_requested() : 0; signal != 0) {
-      return absl::CancelledError(absl::StrCat("stopped by ", StopSignalName(signal),
-                                               " while rank 0 read the data; nothing saved"));
+    if (const int signal = stop_requested && !forwarded ? stop_requested() : 0; signal != 0) {
+      WireWriter w;
+      w.Put<int32_t>(signal);
+      RETURN_IF_ERROR(transport->Send(0, kTagStopRequest, w.Take()));
+      forwarded = true;
     }
   }
   if (!received.ok()) return received.status();

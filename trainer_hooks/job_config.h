@@ -152,8 +152,10 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream,
 // its opening (with its code: a stop there ends every rank as a stop), so that the other ranks
 // need no access to the data and a dictionary-encoded file is scanned once per job, not once
 // per rank. The other ranks wait for that message as long as rank 0 is alive (the transport's
-// liveness watch ends the job otherwise); a stop requested on one of them (`stop_requested`,
-// polled every 100 ms) ends its wait with a Cancelled error.
+// liveness watch ends the job otherwise). A stop requested on one of them (`stop_requested`,
+// polled every 100 ms) is sent to rank 0 as a stop request (kTagStopRequest): rank 0 polls for
+// those during its passes over the data (which then end every rank with its Cancelled error),
+// and after them the oracle does (a stop at the first iteration).
 absl::StatusOr<JobData> OpenJobDataOnRankZero(const JobConfig& config, Transport* transport,
                                               const SourceWrapper& wrap = nullptr,
                                               const StopPoll& stop_requested = nullptr);

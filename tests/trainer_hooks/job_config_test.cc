@@ -5,6 +5,7 @@
 
 #include <signal.h>
 
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -341,22 +342,39 @@ TEST(JobConfigTest, RankZerosErrorOpeningTheDataEndsEveryRankWithItsCode) {
               HasSubstr("rank 0: stopped by SIGTERM while scanning the data for the table sizes"));
 }
 
-TEST(JobConfigTest, ARankWaitingForRankZerosSchemaStopsOnItsOwnStopRequest) {
-  // Rank 0 never sends (it is another rank's endpoint nobody drives): rank 1 waits until its
-  // stop poll asks for a stop.
-  InProcessHub hub(2);
+TEST(JobConfigTest, AStopOnARankWaitingForTheSchemaStopsRankZerosScanAndEveryRank) {
+  // Rank 1's stop goes to rank 0 as a stop request, which its scan polls between blocks of
+  // samples (rank 0's own poll here waits until the request has arrived, so that the scan of
+  // the small file cannot end first).
   JobConfig config;
-  config.data = "synthetic:samples=1000,tables=3,seed=4";
+  config.data = "csv:" + std::string(BAGPIPE_SOURCE_DIR) + "/tests/fixtures/movielens_small.csv";
+  config.source.schema = "label=rating>3.5; sparse=userId,movieId";
+  InProcessHub hub(2);
+  absl::StatusOr<JobData> zero = absl::UnknownError("not run");
+  std::thread rank0([&] {
+    zero = OpenJobDataOnRankZero(config, &hub.endpoint(0), nullptr, [&hub] {
+      for (int k = 0; k < 10000 && hub.endpoint(0).SourcesWithPending(kTagStopRequest).empty();
+           ++k) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      return 0;
+    });
+  });
   int polls = 0;
-  auto waited = OpenJobDataOnRankZero(config, &hub.endpoint(1), nullptr,
-                                      [&polls] { return ++polls >= 3 ? SIGUSR1 : 0; });
-  ASSERT_TRUE(absl::IsCancelled(waited.status())) << waited.status();
-  EXPECT_EQ(Message(waited.status()),
-            "stopped by SIGUSR1 while rank 0 read the data; nothing saved");
-  EXPECT_EQ(polls, 3);
+  auto one = OpenJobDataOnRankZero(config, &hub.endpoint(1), nullptr,
+                                   [&polls] { return ++polls >= 2 ? SIGUSR1 : 0; });
+  rank0.join();
+  ASSERT_TRUE(absl::IsCancelled(zero.status())) << zero.status();
+  EXPECT_THAT(Message(zero.status()),
+              HasSubstr("stopped by SIGUSR1 while scanning the data for the table sizes"));
+  ASSERT_TRUE(absl::IsCancelled(one.status())) << one.status();
+  EXPECT_EQ(Message(one.status()), "rank 0: " + Message(zero.status()));
+  EXPECT_EQ(polls, 2);  // forwarded once, then it waited for rank 0's word
+
   // A malformed message from rank 0 is an error, not a crash.
-  ASSERT_TRUE(hub.endpoint(0).Send(1, kTagSchema, Bytes{'{', 'x'}).ok());
-  auto malformed = OpenJobDataOnRankZero(config, &hub.endpoint(1));
+  InProcessHub other(2);
+  ASSERT_TRUE(other.endpoint(0).Send(1, kTagSchema, Bytes{'{', 'x'}).ok());
+  auto malformed = OpenJobDataOnRankZero(config, &other.endpoint(1));
   EXPECT_TRUE(absl::IsDataLoss(malformed.status())) << malformed.status();
 }
 
