@@ -1,4 +1,3 @@
-#include <cctype>
 #include <filesystem>
 #include <string>
 
@@ -68,7 +67,7 @@ std::string DecimalNumberError(const std::string& value, bool integer) {
                    absl::EqualsIgnoreCase(body, "infinity"))) {
     return "";
   }
-  if (body.size() > 1 && body[0] == '0' && std::isalpha(static_cast<unsigned char>(body[1]))) {
+  if (body.size() > 1 && body[0] == '0' && absl::StrContains("xXbBoO", body[1])) {
     return absl::StrCat("'", value, "' is not a decimal number (no 0x, 0b or 0o prefixes)");
   }
   if (integer && body.size() > 1 && body[0] == '0') {

@@ -130,7 +130,8 @@ std::vector<std::pair<Iteration, std::string>> ListCheckpoints(const std::string
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
   std::error_code error;
   if (!fs::is_directory(path, error)) {
-    return absl::NotFoundError(absl::StrCat("--resume ", path, ": no such directory"));
+    return absl::NotFoundError(absl::StrCat(
+        "--resume ", path, fs::exists(path, error) ? ": not a directory" : ": no such directory"));
   }
   if (fs::exists(fs::path(path) / kManifestName, error)) return path;
   const auto list = ListCheckpoints(path);
@@ -367,7 +368,9 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
   if (!options_.resume.empty()) {
     std::error_code error;
     if (!fs::is_directory(options_.resume, error)) {
-      return absl::NotFoundError(absl::StrCat("--resume ", options_.resume, ": no such directory"));
+      return absl::NotFoundError(absl::StrCat(
+          "--resume ", options_.resume,
+          fs::exists(options_.resume, error) ? ": not a directory" : ": no such directory"));
     }
   }
   // The directory is locked before anything in it is read or written: two jobs started on it

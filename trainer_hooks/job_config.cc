@@ -256,6 +256,7 @@ absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_si
   shape.record_floats = RecordFloats(optimizer.kind, dim);
   shape.dim = dim;
   shape.cache_rows = options.trainer.cache_rows;
+  shape.whole_tables = cache == CachePolicy::kDevice;
   shape.host_trainers = device == Backend::kCpu;
   shape.server_link = server_link;
   shape.peer_timeout = peer_timeout;

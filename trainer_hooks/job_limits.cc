@@ -72,10 +72,14 @@ absl::Status CheckJobLimits(const JobShape& shape, int64_t memory_bytes) {
     const double trainer = static_cast<double>(EstimateTrainerBytes(shape));
     if (shape.host_trainers && trainer > memory / 2) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "--dim %d with --cache-rows %d and --batch-size %d: the %s would take about %s "
+          "--dim %d with %s and --batch-size %d: the %s would take about %s "
           "(caches of %d-float records and the pooled embeddings and their gradients), more "
           "than half of this machine's %s of memory",
-          shape.dim, shape.cache_rows, shape.batch_size,
+          shape.dim,
+          shape.whole_tables
+              ? absl::StrCat("--cache device (a cache of all ", shape.cache_rows, " rows)")
+              : absl::StrCat("--cache-rows ", shape.cache_rows),
+          shape.batch_size,
           shape.embedded ? absl::StrCat(shape.trainers, " trainer(s)' memory") : "trainer's memory",
           FormatBytes(trainer), shape.record_floats, FormatBytes(memory)));
     }

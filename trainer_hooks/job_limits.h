@@ -25,6 +25,7 @@ struct JobShape {
   int record_floats = 16;  // floats a row travels with (values + optimizer state)
   int dim = 16;
   int64_t cache_rows = 0;     // per trainer (0: no cache)
+  bool whole_tables = false;  // --cache device: cache_rows is every row of every table
   bool host_trainers = true;  // the trainers' caches and buffers are in host memory (CPU backend)
   LinkModel server_link;      // embedded only
   absl::Duration peer_timeout = absl::Seconds(120);

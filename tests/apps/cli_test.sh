@@ -123,6 +123,7 @@ expect_error octal_number "--batch-size: '010': a leading 0 would read as octal"
   --data "$SYN" --batch-size 010 --quiet
 expect_error hex_number "--lr: '0x10' is not a decimal number" train --data "$SYN" --lr 0x10 \
   --quiet
+expect_ok float_zero_exponent train --data "$SYN" --iterations 1 --lr 0e0 --dense-lr 0E-3 --quiet
 expect_error stats_empty_number "--max-samples: an empty value is not a number" data-stats \
   --data "$SYN" --max-samples ""
 expect_error bad_link "server-link|link" train --data "$SYN" --server-link "fast" --quiet
@@ -158,6 +159,8 @@ expect_ok latin1_column_stats data-stats --data "bin:$WORK/latin1.bin" --json
 # Flags out of range, NaN, or beyond what the machine can run: refused up front, naming the flag
 # and its value (and the estimate where the limit depends on the machine).
 SHORT=(--data "$SYN" --batch-size 512 --iterations 2 --quiet)
+expect_error huge_device_cache "--cache device \(a cache of all [0-9]+ rows\) and --batch-size" \
+  train --data "$CRITEO" --cache device --row-budget 99999999999 --iterations 1 --quiet
 expect_error huge_lookahead "--lookahead 1000000000: the oracle's window would take about [0-9.]+ TB" \
   train "${SHORT[@]}" --lookahead 1000000000
 expect_error many_servers "--servers 100000: an embedded job runs every server as a thread" \
@@ -405,6 +408,9 @@ expect_ok typo_first train --data "$SYN" --batch-size 256 --iterations 2 --quiet
   --checkpoint-dir "$WORK/typo"
 expect_error resume_typo "--resume $WORK/typo/ckpt2: no such directory" \
   train --data "$SYN" --batch-size 256 --iterations 4 --quiet --resume "$WORK/typo/ckpt2"
+touch "$WORK/typo_file"
+expect_error resume_file "--resume $WORK/typo_file: not a directory" \
+  train --data "$SYN" --batch-size 256 --iterations 4 --quiet --resume "$WORK/typo_file"
 if [[ -e "$WORK/typo/ckpt2" ]]; then
   echo "FAIL resume_typo: the refused --resume path was created"
   failures=$((failures + 1))
