@@ -27,6 +27,7 @@ Ctrl-C or SIGTERM stops at an iteration boundary, writes a checkpoint and exits 
 line saying how to resume.
 """
 
+import os
 import sys
 import time
 
@@ -284,7 +285,10 @@ def main(argv=None):
     with bagpipe.Job(config, checkpoint_identity=identity) as job:
         metrics = None
         if flags["metrics_out"] and any(t.id == 0 for t in job.trainers):
-            metrics = bagpipe.MetricsWriter(flags["metrics_out"])
+            # A run that fails leaves no earlier run's summary beside its metrics.
+            params = flags["dump_params"] and os.path.join(flags["dump_params"], "params.bin")
+            metrics = bagpipe.MetricsWriter(flags["metrics_out"],
+                                            replaces=[flags["summary_json"], params])
         job.run_trainers(train, config, flags, metrics)
         model = {"model": f"pytorch-{flags['model']}", "framework": f"torch {torch.__version__}"}
         if flags["model"] == "dlrm":

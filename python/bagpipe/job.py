@@ -234,15 +234,21 @@ def _make_directory(path, what):
 
 
 class MetricsWriter:
-    """Writes dicts as JSON lines (metrics.jsonl, read by ``bagpipe compare``)."""
+    """Writes dicts as JSON lines (metrics.jsonl, read by ``bagpipe compare``). The file starts
+    empty at the first write; ``replaces``: the same run's other outputs (its summary.json,
+    params.bin) that the earlier run written there left, removed then, so that a run that fails
+    leaves no summary its metrics contradict."""
 
-    def __init__(self, path):
+    def __init__(self, path, replaces=()):
         path = _path_text(path, "MetricsWriter")
         if not path:
             raise ValueError("MetricsWriter: the path is empty")
         if os.path.isdir(path):
             raise IsADirectoryError(f"MetricsWriter: {path!r} is a directory")
-        self._writer = _core.MetricsWriter(path)
+        if isinstance(replaces, (str, bytes, os.PathLike)):
+            raise TypeError("MetricsWriter: replaces must be a list of paths, not one path")
+        replaces = [_path_text(p, "MetricsWriter replaces") for p in replaces]
+        self._writer = _core.MetricsWriter(path, replaces)
 
     def write(self, record):
         self._writer.write_json(_json_text(record, "MetricsWriter.write"))

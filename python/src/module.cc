@@ -341,10 +341,12 @@ PYBIND11_MODULE(_core, m) {
       .def("close", &JobCore::Close);
 
   py::class_<JsonLinesWriter>(m, "MetricsWriter", "JSON lines, flushed as written (metrics.jsonl).")
-      .def(py::init([](const std::string& path) {
-             return OrRaise(JsonLinesWriter::Open(path)).release();
+      .def(py::init([](const std::string& path, std::vector<std::string> replaces) {
+             std::unique_ptr<JsonLinesWriter> writer = OrRaise(JsonLinesWriter::Open(path));
+             writer->set_stale_on_fresh_start(std::move(replaces));
+             return writer.release();
            }),
-           py::arg("path"))
+           py::arg("path"), py::arg("replaces") = std::vector<std::string>())
       .def("write_json", [](JsonLinesWriter& w, const std::string& text) {
         nlohmann::json record = nlohmann::json::parse(text, nullptr, false);
         if (record.is_discarded()) RaiseError("UsageError", "MetricsWriter: not JSON");

@@ -288,6 +288,19 @@ def test_figures_the_loop_did_not_report_are_null_in_the_summary():
     assert summary["hit_rate"] > 0
 
 
+def test_metrics_writer_removes_the_earlier_runs_outputs_it_replaces(tmp_path):
+    summary, params, other = (tmp_path / name for name in ("summary.json", "params.bin", "x"))
+    for path in (summary, params, other):
+        path.write_text("earlier run")
+    with pytest.raises(TypeError, match="replaces must be a list of paths"):
+        bagpipe.MetricsWriter(tmp_path / "metrics.jsonl", replaces=str(summary))
+    writer = bagpipe.MetricsWriter(tmp_path / "metrics.jsonl", replaces=[summary, params, ""])
+    assert summary.exists()  # nothing changes before the first line
+    writer.write({"iteration": 1, "loss": 0.5})
+    assert not summary.exists() and not params.exists() and other.exists()
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"iteration":1,"loss":0.5}\n'
+
+
 def watch_threads():
     return [t for t in threading.enumerate() if t.name == "bagpipe-interrupt-watch"]
 
