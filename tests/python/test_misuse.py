@@ -496,6 +496,12 @@ def batches():
 def train(trainer):
     for batch in trainer:
         if batch.iteration == 1:
+            # Fail once the oracle waits in the stalled loader (on a loaded machine the loop can
+            # get here before the oracle has read the 8 batches).
+            deadline = time.monotonic() + 20
+            while not feed.empty() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)
             raise RuntimeError("the loop failed")
         trainer.end_iteration(torch.zeros(batch.num_samples, trainer.num_tables, trainer.dim))
 start = time.monotonic()
