@@ -40,7 +40,10 @@ int main(int argc, char** argv) {
   try {
     root.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return root.exit(e);
+    // --help and --version exit 0; a usage error (an unknown flag, a bad value) exits 2, as
+    // bagpipe.parse_train_args and most tools do, rather than with CLI11's own codes (100+).
+    const int status = root.exit(e);
+    return status == 0 ? 0 : 2;
   }
   bagpipe::LogLevel level;
   if (!bagpipe::ParseLogLevel(log_level, &level)) {

@@ -123,6 +123,11 @@ expect_error octal_number "--batch-size: '010': a leading 0 would read as octal"
   --data "$SYN" --batch-size 010 --quiet
 expect_error hex_number "--lr: '0x10' is not a decimal number" train --data "$SYN" --lr 0x10 \
   --quiet
+"$BAGPIPE" train --data "$SYN" --no-such-flag >/dev/null 2>&1
+if [[ $? -ne 2 ]]; then
+  echo "FAIL usage_error_status: an unknown flag did not exit 2"
+  failures=$((failures + 1))
+fi
 expect_ok float_zero_exponent train --data "$SYN" --iterations 1 --lr 0e0 --dense-lr 0E-3 --quiet
 expect_error stats_empty_number "--max-samples: an empty value is not a number" data-stats \
   --data "$SYN" --max-samples ""
