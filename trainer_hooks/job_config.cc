@@ -5,6 +5,7 @@
 #include <csignal>
 #include <filesystem>
 #include <limits>
+#include <string_view>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -486,23 +487,23 @@ absl::StatusOr<JobData> OpenJobDataOnRankZero(const JobConfig& config, Transport
     }
   }
   if (!received.ok()) return received.status();
-  const nlohmann::json message = nlohmann::json::parse(
-      received->payload.begin(), received->payload.end(), nullptr, /*allow_exceptions=*/false);
-  if (message.is_object() && message.contains("error") && message["error"].is_string() &&
-      message.contains("code") && message["code"].is_number_integer()) {
-    const int code = message["code"].get<int>();
-    return absl::Status(code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
-                            ? static_cast<absl::StatusCode>(code)
+  const nlohmann::json message = ParseUntrustedJson(std::string_view(
+      reinterpret_cast<const char*>(received->payload.data()), received->payload.size()));
+  const absl::StatusOr<std::string> error = JsonString(message, "error");
+  const absl::StatusOr<int64_t> code = JsonInt64(message, "code");
+  if (error.ok() && code.ok()) {
+    return absl::Status(*code > 0 && *code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+                            ? static_cast<absl::StatusCode>(*code)
                             : absl::StatusCode::kUnknown,
-                        absl::StrCat("rank 0: ", message["error"].get<std::string>()));
+                        absl::StrCat("rank 0: ", *error));
   }
-  if (!message.is_object() || !message.contains("schema") || !message.contains("description") ||
-      !message["description"].is_string()) {
+  const absl::StatusOr<std::string> description = JsonString(message, "description");
+  if (!description.ok() || !message.contains("schema")) {
     return absl::DataLossError("rank 0 sent a malformed description of the data");
   }
   JobData data;
   ASSIGN_OR_RETURN(data.schema, Schema::FromJson(message["schema"]));
-  data.description = message["description"].get<std::string>();
+  data.description = *description;
   return data;
 }
 
