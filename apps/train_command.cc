@@ -93,11 +93,6 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
         "columns in --schema, or use --model logreg)"));
   }
   // The MLPs (--model logreg has none, and takes data without dense features: no bottom MLP).
-  const bool dlrm = flags.model == "dlrm";
-  if (!dlrm && (!flags.bottom.empty() || flags.top != TrainFlags().top)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--model ", flags.model, " has no MLPs: --bottom and --top go with --model dlrm"));
-  }
   if (schema.num_dense() > 0 || !flags.bottom.empty()) {
     const std::string bottom =
         flags.bottom.empty() ? absl::StrCat(schema.num_dense(), "-64-", config.dim) : flags.bottom;
@@ -145,13 +140,10 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
   std::unique_ptr<RunRecorder> recorder;
   ParamSink sink;
   if (is_rank0) {
-    // The MLPs' shapes where the model has them.
-    nlohmann::json model = {{"model", flags.model}};
-    if (dlrm) {
-      model["bottom"] = FormatLayers(loop.model.bottom);
-      model["top"] = FormatLayers(loop.model.top);
-    }
-    ASSIGN_OR_RETURN(recorder, RunRecorder::Create(config, options, std::move(model),
+    ASSIGN_OR_RETURN(recorder, RunRecorder::Create(config, options,
+                                                   {{"model", flags.model},
+                                                    {"bottom", FormatLayers(loop.model.bottom)},
+                                                    {"top", FormatLayers(loop.model.top)}},
                                                    {flags.summary_json, flags.dump_params}));
     sink = recorder->sink();
   }

@@ -193,8 +193,6 @@ expect_error twice_synthetic_key "synthetic: 'samples' is given twice" \
 NO_DENSE_SCHEMA='label=rating>3.5; sparse=userId,movieId'
 expect_error no_dense_dlrm "--model dlrm: .* has no dense features.*--model logreg" \
   train --data "$MOVIELENS" --schema "$NO_DENSE_SCHEMA" --quiet
-expect_error logreg_mlps "--model logreg has no MLPs: --bottom and --top go with --model dlrm" \
-  train --data "$SYN" --iterations 1 --model logreg --top 7-1 --quiet
 expect_ok no_dense_logreg train --data "$MOVIELENS" --schema "$NO_DENSE_SCHEMA" --model logreg \
   --batch-size 2048 --iterations 10 --dim 8 --cache oracle --cache-rows 4000 --trainers 2 \
   --quiet --out "$WORK/no_dense"
