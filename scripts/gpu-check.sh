@@ -155,7 +155,7 @@ add_step "cuda tests" "ctest --test-dir '$build_dir' -R 'Cuda|Nccl|nccl|DeviceTe
 # on the GPU through bagpipe) among them, and the checks that the extension and the programs use
 # the shared libstdc++ and carry no copy of it (this machine's GCC keeps only libstdc++.a in its
 # own directory: cmake/BagpipeLibstdcxx.cmake).
-add_step "python tests" "if ! ninja -C '$build_dir' -t targets all | grep -q '^bagpipe_python:'; \
+add_step "python tests" "if ! ninja -C '$build_dir' -t targets all | grep '^bagpipe_python:' >/dev/null; \
 then echo 'no Python package in this build: see configure.log for what CMake did not find'; \
 exit 1; fi; cmake --build '$build_dir' -j \$(nproc) --target bagpipe_python && \
 ctest --test-dir '$build_dir' -R '^python_|libstdcxx' --output-on-failure -j 6 --timeout 300 \

@@ -20,8 +20,10 @@ copies_of_libstdcxx() {
   local binary="$1" shared
   # The binary's own libraries: without a preload (the sanitizer runs preload libstdc++, which
   # ldd would list on a line of its own, as "PATH (ADDRESS)").
+  # The whole outputs are read (no early exit): a reader that stops at the first match can end
+  # the writer by SIGPIPE, which pipefail would report as the check's own failure.
   shared="$(env -u LD_PRELOAD ldd "$binary" |
-    awk '/libstdc\+\+\.so\.6/ {print ($2 == "=>" ? $3 : $1); exit}')"
+    awk '/libstdc\+\+\.so\.6/ && !found {print ($2 == "=>" ? $3 : $1); found = 1}')"
   if [ -z "$shared" ] || [ ! -e "$shared" ]; then
     die "ldd $binary: no libstdc++.so.6 among its libraries"
   fi
@@ -29,7 +31,8 @@ copies_of_libstdcxx() {
   nm -D --defined-only "$binary" | awk '$2 !~ /^[WVwvui]$/ {print $3}' | sort -u >"$tmp/binary"
   nm -D --defined-only "$shared" | awk '{sub(/@.*/, "", $3); print $3}' | sort -u >"$tmp/shared"
   comm -12 "$tmp/binary" "$tmp/shared"
-  readelf -d "$binary" | grep -q 'NEEDED.*\[libstdc++\.so\.6\]' ||
+  readelf -d "$binary" >"$tmp/dynamic"
+  grep -q 'NEEDED.*\[libstdc++\.so\.6\]' "$tmp/dynamic" ||
     echo "(and the binary does not load libstdc++.so.6 itself: readelf -d $binary)"
 }
 
