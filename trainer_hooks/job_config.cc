@@ -74,6 +74,10 @@ OptimizerConfig JobConfig::DenseOptimizer() const {
 
 // More iterations prefetched ahead gain nothing; each holds buffers for a batch's rows.
 constexpr int kMaxPrefetchDepth = 1 << 16;
+// Plans the oracle may run ahead of a trainer. Each queued plan holds the trainer's lists for one
+// iteration (megabytes for a Criteo-sized batch), so the bound keeps a typo from letting the
+// oracle fill the memory with plans of the whole stream.
+constexpr int kMaxPlanQueueDepth = 1024;
 constexpr int kMaxDim = 1 << 20;
 
 absl::Status JobConfig::Validate() const {
@@ -106,8 +110,9 @@ absl::Status JobConfig::Validate() const {
     return Invalid("--prefetch-depth ", prefetch_depth, ": must be in [1, ", kMaxPrefetchDepth,
                    "]");
   }
-  if (plan_queue_depth < 1) {
-    return Invalid("--plan-queue-depth ", plan_queue_depth, ": must be >= 1");
+  if (plan_queue_depth < 1 || plan_queue_depth > kMaxPlanQueueDepth) {
+    return Invalid("--plan-queue-depth ", plan_queue_depth, ": must be in [1, ", kMaxPlanQueueDepth,
+                   "]");
   }
   if (writeback_horizon < 0) {
     return Invalid("--writeback-horizon ", writeback_horizon, ": must be >= 0 (0: the default)");
@@ -358,8 +363,9 @@ absl::Status ValidateJobOptions(const JobOptions& options) {
                    "oracle's schema has ",
                    planner.schema.num_tables(), " tables of ", planner.schema.TotalRows(), " rows");
   }
-  if (options.oracle.plan_queue_depth < 1) {
-    return Invalid("--plan-queue-depth ", options.oracle.plan_queue_depth, ": must be >= 1");
+  if (options.oracle.plan_queue_depth < 1 || options.oracle.plan_queue_depth > kMaxPlanQueueDepth) {
+    return Invalid("--plan-queue-depth ", options.oracle.plan_queue_depth, ": must be in [1, ",
+                   kMaxPlanQueueDepth, "]");
   }
   return absl::OkStatus();
 }

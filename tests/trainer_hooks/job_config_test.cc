@@ -133,6 +133,15 @@ TEST(JobConfigTest, ContradictionsAreRejectedNamingTheOptions) {
   config = JobConfig();
   config.lookahead = 0;
   EXPECT_THAT(Message(config.Validate()), HasSubstr("--lookahead 0"));
+  // The oracle may run at most 1024 plans ahead of a trainer (each holds megabytes).
+  config = JobConfig();
+  config.plan_queue_depth = 1024;
+  EXPECT_TRUE(config.Validate().ok());
+  config.plan_queue_depth = 1025;
+  EXPECT_THAT(Message(config.Validate()),
+              AllOf(HasSubstr("--plan-queue-depth 1025"), HasSubstr("[1, 1024]")));
+  config.plan_queue_depth = 0;
+  EXPECT_THAT(Message(config.Validate()), HasSubstr("--plan-queue-depth 0"));
 }
 
 TEST(JobConfigTest, MpirunLayoutMismatchesAreRejected) {
