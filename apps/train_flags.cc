@@ -143,7 +143,8 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
       ->capture_default_str();
   app->add_option("--keep-checkpoints", config.keep_checkpoints,
                   "complete checkpoints kept, the newest (0: all)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([flags](const std::string&) { flags->keep_checkpoints_given = true; });
   app->add_option("--resume", config.resume,
                   "resume from DIR (its latest complete checkpoint) or DIR/ckpt-K; implies "
                   "--checkpoint-dir DIR and the checkpoint's --checkpoint-every unless given");
@@ -203,6 +204,11 @@ absl::Status OutputsOutsideCheckpoints(const TrainFlags& flags) {
 absl::Status FinishTrainFlags(TrainFlags* flags) {
   JobConfig& config = flags->config;
   RETURN_IF_ERROR(OutputsOutsideCheckpoints(*flags));
+  if (flags->keep_checkpoints_given && config.checkpoint_dir.empty() && config.resume.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--keep-checkpoints ", config.keep_checkpoints,
+        " needs --checkpoint-dir (or --resume): without one no checkpoint is written"));
+  }
   // Outputs: --out DIR sets the defaults of the others.
   if (!flags->out.empty()) {
     std::error_code error;

@@ -28,6 +28,8 @@ struct TrainFlags {
   std::string model = "dlrm";
   std::string bottom;  // empty: DENSE-64-DIM
   std::string top = "64-32-1";
+  // --keep-checkpoints given (it needs a checkpoint directory).
+  bool keep_checkpoints_given = false;
   // Outputs.
   std::string metrics_out;
   int metrics_interval = 50;

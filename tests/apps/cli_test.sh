@@ -115,6 +115,8 @@ expect_error bad_cache_mode "belady2" train --data "$SYN" --cache belady2 --quie
 expect_error bad_bottom "bottom" train --data "$SYN" --dim 8 --bottom 13-64-16 --quiet
 expect_error tiny_cache "error:.*(capacity|cache)" train --data "$SYN" --batch-size 512 --iterations 5 \
   --cache oracle --cache-rows 10 --quiet
+expect_error keep_without_dir "--keep-checkpoints 3 needs --checkpoint-dir" train --data "$SYN" \
+  --keep-checkpoints 3 --quiet
 expect_error bad_eval_fraction "eval-fraction" train --data "$SYN" --eval-fraction 1.5 --quiet
 # Numbers are decimal: an empty value (an unset shell variable) is not 0, 010 is not octal 8 and
 # 0x10 not 16.
