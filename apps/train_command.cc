@@ -92,13 +92,26 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
         " has no dense features, and the DLRM's bottom MLP needs at least one (name dense "
         "columns in --schema, or use --model logreg)"));
   }
-  // The MLPs (--model logreg has none, and takes data without dense features: no bottom MLP).
-  if (schema.num_dense() > 0 || !flags.bottom.empty()) {
-    const std::string bottom =
-        flags.bottom.empty() ? absl::StrCat(schema.num_dense(), "-64-", config.dim) : flags.bottom;
-    ASSIGN_OR_RETURN(loop.model.bottom, ParseLayers(bottom));
+  // The MLPs. --model logreg has none: --bottom and --top are ignored (with a warning, so that
+  // one set of flags serves both models) and its summary names no MLP.
+  const bool logreg = flags.model == "logreg";
+  if (logreg) {
+    if (is_rank0 && (flags.bottom_given || flags.top_given)) {
+      BAGPIPE_LOG(WARNING) << "--model logreg has no MLPs: "
+                           << (flags.bottom_given && flags.top_given ? "--bottom and --top are"
+                               : flags.top_given                     ? "--top is"
+                                                                     : "--bottom is")
+                           << " ignored";
+    }
+  } else {
+    if (schema.num_dense() > 0 || !flags.bottom.empty()) {
+      const std::string bottom = flags.bottom.empty()
+                                     ? absl::StrCat(schema.num_dense(), "-64-", config.dim)
+                                     : flags.bottom;
+      ASSIGN_OR_RETURN(loop.model.bottom, ParseLayers(bottom));
+    }
+    ASSIGN_OR_RETURN(loop.model.top, ParseLayers(flags.top));
   }
-  ASSIGN_OR_RETURN(loop.model.top, ParseLayers(flags.top));
   loop.model.seed = config.seed;
   loop.model.deterministic = config.deterministic;
   loop.model.optimizer = config.DenseOptimizer();
@@ -140,10 +153,12 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
   std::unique_ptr<RunRecorder> recorder;
   ParamSink sink;
   if (is_rank0) {
-    ASSIGN_OR_RETURN(recorder, RunRecorder::Create(config, options,
-                                                   {{"model", flags.model},
-                                                    {"bottom", FormatLayers(loop.model.bottom)},
-                                                    {"top", FormatLayers(loop.model.top)}},
+    nlohmann::json model = {{"model", flags.model}};
+    if (!logreg) {
+      model["bottom"] = FormatLayers(loop.model.bottom);
+      model["top"] = FormatLayers(loop.model.top);
+    }
+    ASSIGN_OR_RETURN(recorder, RunRecorder::Create(config, options, std::move(model),
                                                    {flags.summary_json, flags.dump_params}));
     sink = recorder->sink();
   }

@@ -92,9 +92,11 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
       ->capture_default_str()
       ->check(kPositive);
   app->add_option("--bottom", flags->bottom,
-                  "bottom MLP sizes, input first, last = --dim (default DENSE-64-DIM)");
+                  "bottom MLP sizes, input first, last = --dim (default DENSE-64-DIM)")
+      ->each([flags](const std::string&) { flags->bottom_given = true; });
   app->add_option("--top", flags->top, "top MLP sizes after the interaction, last = 1")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([flags](const std::string&) { flags->top_given = true; });
   app->add_option("--model", flags->model,
                   "dlrm (the reference DLRM) or logreg (embedding-only logistic regression over "
                   "the pooled embeddings: measures the runtime, not the MLPs; CPU)")

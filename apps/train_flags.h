@@ -28,6 +28,9 @@ struct TrainFlags {
   std::string model = "dlrm";
   std::string bottom;  // empty: DENSE-64-DIM
   std::string top = "64-32-1";
+  // Given on the command line (--model logreg warns that it ignores them).
+  bool bottom_given = false;
+  bool top_given = false;
   // --keep-checkpoints given (it needs a checkpoint directory).
   bool keep_checkpoints_given = false;
   // Outputs.

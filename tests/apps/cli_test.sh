@@ -207,6 +207,20 @@ expect_ok no_dense_logreg train --data "$MOVIELENS" --schema "$NO_DENSE_SCHEMA" 
 if [[ -f "$WORK/no_dense/summary.json" ]] && ! did_its_work "$WORK/no_dense/summary.json"; then
   failures=$((failures + 1))
 fi
+# --model logreg has no MLPs: --bottom and --top (even a malformed one) are ignored with a
+# warning, and its summary names no MLP.
+expect_ok logreg_ignores_mlps train --data "$MOVIELENS" --schema "$NO_DENSE_SCHEMA" --model logreg \
+  --batch-size 2048 --iterations 2 --dim 8 --bottom 3-4-8 --top not-layers --quiet \
+  --out "$WORK/logreg_mlps"
+if ! grep -q -- "--model logreg has no MLPs: --bottom and --top are ignored" \
+     "$WORK/logreg_ignores_mlps.out" ||
+   ! python3 -c 'import json, sys
+s = json.load(open(sys.argv[1]))
+sys.exit(0 if s["model"] == "logreg" and "top" not in s and "bottom" not in s else 1)' \
+     "$WORK/logreg_mlps/summary.json"; then
+  echo "FAIL logreg_ignores_mlps: no warning, or the summary names an MLP"
+  failures=$((failures + 1))
+fi
 expect_error schema_with_criteo "--schema applies to csv: sources only; 'criteo:'" \
   train --data "$CRITEO" --schema "label=x" --quiet
 expect_error row_budget_with_csv "--row-budget applies to criteo: sources only; 'csv:'" \
