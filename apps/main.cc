@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "apps/command.h"
 #include "core/device.h"
+#include "core/excerpt.h"
 #include "core/logging.h"
 #include "core/signals.h"
 #include "core/version.h"
@@ -73,8 +74,10 @@ int main(int argc, char** argv) {
       return bagpipe::kStoppedExitStatus;
     }
     if (!status.ok()) {
+      // Messages name paths and values from the command line and the data: their control
+      // characters are escaped (a terminal would act on them), their line breaks kept.
       std::fprintf(stderr, "bagpipe %s: error: %s\n", command.app->get_name().c_str(),
-                   std::string(status.message()).c_str());
+                   bagpipe::Printable(status.message(), /*keep_newlines=*/true).c_str());
       return 1;
     }
     return 0;

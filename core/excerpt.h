@@ -19,6 +19,12 @@ inline constexpr size_t kExcerptBytes = 40;
 // printable ASCII only and is at most max_bytes + 30 bytes long, whatever bytes `text` holds.
 std::string Excerpt(absl::string_view text, size_t max_bytes = kExcerptBytes);
 
+// `text` (a path, a name) made safe to print whole: valid UTF-8 text and printable ASCII stay as
+// they are; tab, CR and LF become \t, \r and \n (LF stays a line break when `keep_newlines`);
+// every other control character (C0, DEL, C1: a terminal's escape sequences start with them) and
+// every byte that is not part of valid UTF-8 become \xNN. Backslashes stay as they are.
+std::string Printable(absl::string_view text, bool keep_newlines = false);
+
 }  // namespace bagpipe
 
 #endif  // BAGPIPE_CORE_EXCERPT_H_

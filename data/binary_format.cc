@@ -265,14 +265,14 @@ bool IsFinite(float value) {
 class BinarySource final : public SampleSource {
  public:
   BinarySource(std::string path, const SourceOptions& options)
-      : path_(std::move(path)), options_(options) {}
+      : path_(std::move(path)), shown_(Printable(path_)), options_(options) {}
 
   absl::Status Init() {
     const int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
       const int error = errno;
       const std::string message =
-          absl::StrCat("bin: cannot open '", path_, "': ", ErrnoText(error));
+          absl::StrCat("bin: cannot open '", shown_, "': ", ErrnoText(error));
       if (error == ENOENT) return absl::NotFoundError(message);
       return absl::InvalidArgumentError(message);
     }
@@ -280,37 +280,38 @@ class BinarySource final : public SampleSource {
     struct stat st;
     if (fstat(fd, &st) != 0) {
       return absl::DataLossError(
-          absl::StrCat("bin: cannot stat '", path_, "': ", ErrnoText(errno)));
+          absl::StrCat("bin: cannot stat '", shown_, "': ", ErrnoText(errno)));
     }
     if (!S_ISREG(st.st_mode)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "bin: '", path_, "' is ", S_ISDIR(st.st_mode) ? "a directory" : "not a regular file",
+          "bin: '", shown_, "' is ", S_ISDIR(st.st_mode) ? "a directory" : "not a regular file",
           " (expected a file written by bagpipe convert)"));
     }
     size_ = st.st_size;
     if (size_ < kPrefixBytesV1) {
-      return absl::DataLossError(absl::StrCat("bin: '", path_, "' is truncated: ", size_,
+      return absl::DataLossError(absl::StrCat("bin: '", shown_, "' is truncated: ", size_,
                                               " bytes, shorter than the header"));
     }
     char prefix[kPrefixBytes] = {};
-    RETURN_IF_ERROR(
-        ReadAt(fd, 0, prefix, static_cast<size_t>(std::min(size_, kPrefixBytes)), path_, "header"));
+    RETURN_IF_ERROR(ReadAt(fd, 0, prefix, static_cast<size_t>(std::min(size_, kPrefixBytes)),
+                           shown_, "header"));
     if (std::memcmp(prefix, kMagic, sizeof(kMagic)) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bin: '", path_, "' is not a Bagpipe binary dataset (bad magic; expected \"BAGPIPE1\")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bin: '", shown_,
+                       "' is not a Bagpipe binary dataset (bad magic; expected \"BAGPIPE1\")"));
     }
     uint32_t version = 0;
     uint64_t header_bytes = 0, body_bytes = 0, body_checksum = 0, header_checksum = 0;
     std::memcpy(&version, prefix + 8, 4);
     std::memcpy(&header_bytes, prefix + 16, 8);
     if (version != kVersion && version != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("bin: '", path_, "' has format version ",
+      return absl::InvalidArgumentError(absl::StrCat("bin: '", shown_, "' has format version ",
                                                      version, "; this build reads versions 1 and ",
                                                      kVersion));
     }
     const int64_t prefix_bytes = version == 1 ? kPrefixBytesV1 : kPrefixBytes;
     if (size_ < prefix_bytes) {
-      return absl::DataLossError(absl::StrCat("bin: '", path_, "' is truncated: ", size_,
+      return absl::DataLossError(absl::StrCat("bin: '", shown_, "' is truncated: ", size_,
                                               " bytes, shorter than the header"));
     }
     if (version != 1) {
@@ -319,17 +320,17 @@ class BinarySource final : public SampleSource {
       std::memcpy(&header_checksum, prefix + 40, 8);
     }
     if (header_bytes > static_cast<uint64_t>(size_ - prefix_bytes)) {
-      return absl::DataLossError(absl::StrCat("bin: '", path_, "' is truncated inside its header (",
-                                              header_bytes, " header bytes announced, ", size_,
-                                              " bytes in the file)"));
+      return absl::DataLossError(
+          absl::StrCat("bin: '", shown_, "' is truncated inside its header (", header_bytes,
+                       " header bytes announced, ", size_, " bytes in the file)"));
     }
     if (header_bytes > static_cast<uint64_t>(kMaxHeaderBytes)) {
       return absl::DataLossError(
-          absl::StrCat("bin: '", path_, "' has a corrupt header: ", header_bytes,
+          absl::StrCat("bin: '", shown_, "' has a corrupt header: ", header_bytes,
                        " header bytes announced (at most ", kMaxHeaderBytes, ")"));
     }
     std::string text(header_bytes, '\0');
-    RETURN_IF_ERROR(ReadAt(fd, prefix_bytes, text.data(), text.size(), path_, "header"));
+    RETURN_IF_ERROR(ReadAt(fd, prefix_bytes, text.data(), text.size(), shown_, "header"));
     if (version != 1) {
       Xxh3 checksum;
       checksum.Update(prefix, kHeaderChecksumAt);
@@ -337,7 +338,7 @@ class BinarySource final : public SampleSource {
       const uint64_t actual = checksum.Digest();
       if (actual != header_checksum) {
         return absl::DataLossError(absl::StrCat(
-            "bin: '", path_, "' is corrupt: header checksum mismatch (XXH3-64 of bytes [0, ",
+            "bin: '", shown_, "' is corrupt: header checksum mismatch (XXH3-64 of bytes [0, ",
             prefix_bytes + static_cast<int64_t>(header_bytes), ") is ",
             absl::StrFormat("%016x", actual), ", the file says ",
             absl::StrFormat("%016x", header_checksum), ")"));
@@ -346,16 +347,16 @@ class BinarySource final : public SampleSource {
     const nlohmann::json header = ParseUntrustedJson(text);
     if (header.is_discarded() || !header.is_object()) {
       return absl::DataLossError(
-          absl::StrCat("bin: '", path_, "' has a corrupt header (not a JSON object)"));
+          absl::StrCat("bin: '", shown_, "' has a corrupt header (not a JSON object)"));
     }
     const absl::Status parsed = ParseHeader(header, version, &body_bytes, &body_checksum);
     if (!parsed.ok()) {
       return absl::DataLossError(
-          absl::StrCat("bin: '", path_, "' has a corrupt header: ", parsed.message()));
+          absl::StrCat("bin: '", shown_, "' has a corrupt header: ", parsed.message()));
     }
     static std::atomic<bool> warned{false};
     if (version == 1 && !warned.exchange(true)) {
-      BAGPIPE_LOG(WARNING) << "bin: '" << path_
+      BAGPIPE_LOG(WARNING) << "bin: '" << shown_
                            << "' has format version 1, whose header is not covered by a "
                               "checksum; it is read with full validation. Re-run bagpipe convert "
                               "to write version 2.";
@@ -364,7 +365,7 @@ class BinarySource final : public SampleSource {
     const int64_t have = std::max<int64_t>(size_ - body_offset_, 0);
     if (body_bytes != static_cast<uint64_t>(have)) {
       return absl::DataLossError(absl::StrCat(
-          "bin: '", path_, "' is ",
+          "bin: '", shown_, "' is ",
           body_bytes > static_cast<uint64_t>(have) ? "truncated" : "longer than its header says",
           ": the header announces ", body_bytes, " body bytes, the file holds ", have));
     }
@@ -374,12 +375,12 @@ class BinarySource final : public SampleSource {
     for (int t = 0; t < schema_.num_tables(); ++t) {
       TableSection& table = tables_[t];
       int64_t first = 0, last = 0;
-      RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.offsets, &first, 8, path_, "offsets"));
+      RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.offsets, &first, 8, shown_, "offsets"));
       RETURN_IF_ERROR(
-          ReadAt(fd, body_offset_ + table.offsets + samples_ * 8, &last, 8, path_, "offsets"));
+          ReadAt(fd, body_offset_ + table.offsets + samples_ * 8, &last, 8, shown_, "offsets"));
       const std::optional<int64_t> id_bytes = CheckedMul(last, table.id_bytes);
       if (first != 0 || last < 0 || !id_bytes || !RangeInside(table.ids, *id_bytes, have)) {
-        return absl::DataLossError(absl::StrCat("bin: '", path_, "': ", TableName(t),
+        return absl::DataLossError(absl::StrCat("bin: '", shown_, "': ", TableName(t),
                                                 " has offsets from ", first, " to ", last,
                                                 ", outside its ids section"));
       }
@@ -406,7 +407,7 @@ class BinarySource final : public SampleSource {
     batch->num_samples = n;
     batch->labels.resize(n);
     RETURN_IF_ERROR(ReadAt(fd, body_offset_ + labels_ + begin * 4, batch->labels.data(),
-                           static_cast<size_t>(n) * 4, path_, "labels"));
+                           static_cast<size_t>(n) * 4, shown_, "labels"));
     bytes += int64_t{n} * 4;
     bool labels_ok = true;
     for (const float label : batch->labels) labels_ok &= label >= 0.0f && label <= 1.0f;
@@ -414,7 +415,7 @@ class BinarySource final : public SampleSource {
       for (int32_t s = 0; s < n; ++s) {
         const float label = batch->labels[s];
         if (!(label >= 0.0f && label <= 1.0f)) {
-          return absl::InvalidArgumentError(absl::StrCat("bin: '", path_, "': record ", begin + s,
+          return absl::InvalidArgumentError(absl::StrCat("bin: '", shown_, "': record ", begin + s,
                                                          " has label ", label,
                                                          " (labels must be in [0, 1])"));
         }
@@ -422,7 +423,7 @@ class BinarySource final : public SampleSource {
     }
     batch->dense.resize(static_cast<size_t>(n) * dense);
     RETURN_IF_ERROR(ReadAt(fd, body_offset_ + dense_ + begin * 4 * dense, batch->dense.data(),
-                           batch->dense.size() * 4, path_, "dense values"));
+                           batch->dense.size() * 4, shown_, "dense values"));
     bytes += static_cast<int64_t>(batch->dense.size()) * 4;
     bool dense_ok = true;
     for (const float value : batch->dense) dense_ok &= IsFinite(value);
@@ -431,7 +432,7 @@ class BinarySource final : public SampleSource {
         if (!IsFinite(batch->dense[k])) {
           const int64_t record = begin + static_cast<int64_t>(k / dense);
           return absl::InvalidArgumentError(
-              absl::StrCat("bin: '", path_, "': record ", record, ", dense column '",
+              absl::StrCat("bin: '", shown_, "': record ", record, ", dense column '",
                            Excerpt(schema_.dense_names[k % dense]), "': value ", batch->dense[k],
                            " is not finite"));
         }
@@ -443,7 +444,7 @@ class BinarySource final : public SampleSource {
     for (int t = 0; t < tables; ++t) {
       const TableSection& table = tables_[t];
       RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.offsets + begin * 8, offsets_.data(),
-                             offsets_.size() * 8, path_, "offsets"));
+                             offsets_.size() * 8, shown_, "offsets"));
       // Non-decreasing from first >= 0 to last <= num_ids: every bag lies in the ids section.
       // Checked in the same pass that rebases the offsets (one pass per array: reading is on
       // the oracle's critical path).
@@ -460,7 +461,7 @@ class BinarySource final : public SampleSource {
           ++s;
         }
         return absl::InvalidArgumentError(
-            absl::StrCat("bin: '", path_, "': record ", begin + s, ", ", TableName(t), ": bag [",
+            absl::StrCat("bin: '", shown_, "': record ", begin + s, ", ", TableName(t), ": bag [",
                          offsets_[s], ", ", offsets_[s + 1],
                          ") is decreasing or outside the table's ", table.num_ids, " ids"));
       }
@@ -472,7 +473,7 @@ class BinarySource final : public SampleSource {
       bool out_of_range = false;
       if (table.id_bytes == 8) {
         RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.ids + first * 8, out,
-                               static_cast<size_t>(num) * 8, path_, "ids"));
+                               static_cast<size_t>(num) * 8, shown_, "ids"));
         out_of_range = AnyOutOfRange(out, num, rows);
       } else {
         // Read into the upper half of the output and widen in place, front to back: id k
@@ -480,7 +481,7 @@ class BinarySource final : public SampleSource {
         // reach any id not yet widened.
         char* raw = reinterpret_cast<char*>(out);
         RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.ids + first * 4, raw + num * 4,
-                               static_cast<size_t>(num) * 4, path_, "ids"));
+                               static_cast<size_t>(num) * 4, shown_, "ids"));
         out_of_range = WidenIds(raw + num * 4, num, rows, out);
       }
       bytes += static_cast<int64_t>(offsets_.size()) * 8 + num * table.id_bytes;
@@ -491,7 +492,7 @@ class BinarySource final : public SampleSource {
             const int64_t* bag =
                 std::upper_bound(offsets_.data(), offsets_.data() + n + 1, first + k);
             const int64_t record = begin + (bag - offsets_.data()) - 1;
-            return absl::InvalidArgumentError(absl::StrCat("bin: '", path_, "': record ", record,
+            return absl::InvalidArgumentError(absl::StrCat("bin: '", shown_, "': record ", record,
                                                            ", ", TableName(t), ": id ", out[k],
                                                            " is out of range [0, ", rows, ")"));
           }
@@ -513,7 +514,7 @@ class BinarySource final : public SampleSource {
   SourceStats stats() const override { return stats_; }
 
   std::string Describe() const override {
-    return absl::StrCat("bin:", path_, " (", samples_, " samples",
+    return absl::StrCat("bin:", shown_, " (", samples_, " samples",
                         source_.empty() ? "" : absl::StrCat(", from ", Excerpt(source_, 200)), ")");
   }
 
@@ -571,12 +572,12 @@ class BinarySource final : public SampleSource {
     const int64_t n = samples_;
     if (n < 0) {
       return absl::DataLossError(
-          absl::StrCat("bin: '", path_, "' has a corrupt header: ", n, " samples"));
+          absl::StrCat("bin: '", shown_, "' has a corrupt header: ", n, " samples"));
     }
     auto check = [&](int64_t offset, std::optional<int64_t> bytes,
                      const std::string& what) -> absl::Status {
       if (!bytes || offset % 8 != 0 || !RangeInside(offset, *bytes, body)) {
-        return absl::DataLossError(absl::StrCat("bin: '", path_, "': the ", what,
+        return absl::DataLossError(absl::StrCat("bin: '", shown_, "': the ", what,
                                                 " section (body offset ", offset, ", ", n,
                                                 " samples) lies outside the ", body, "-byte body"));
       }
@@ -592,7 +593,7 @@ class BinarySource final : public SampleSource {
       RETURN_IF_ERROR(check(table.offsets, entries ? CheckedMul(*entries, 8) : std::nullopt,
                             TableName(t) + " offsets"));
       if (table.ids % 8 != 0 || !RangeInside(table.ids, 0, body)) {
-        return absl::DataLossError(absl::StrCat("bin: '", path_, "': ", TableName(t),
+        return absl::DataLossError(absl::StrCat("bin: '", shown_, "': ", TableName(t),
                                                 " ids section at body offset ", table.ids,
                                                 " lies outside the ", body, "-byte body"));
       }
@@ -606,13 +607,13 @@ class BinarySource final : public SampleSource {
     std::vector<char> block(std::min<int64_t>(body, kHashBlock));
     for (int64_t at = 0; at < body;) {
       const size_t bytes = static_cast<size_t>(std::min<int64_t>(body - at, kHashBlock));
-      RETURN_IF_ERROR(ReadAt(fd_.get(), body_offset_ + at, block.data(), bytes, path_, "body"));
+      RETURN_IF_ERROR(ReadAt(fd_.get(), body_offset_ + at, block.data(), bytes, shown_, "body"));
       checksum.Update(block.data(), bytes);
       at += static_cast<int64_t>(bytes);
     }
     const uint64_t actual = checksum.Digest();
     if (actual != expected) {
-      return absl::DataLossError(absl::StrCat("bin: '", path_,
+      return absl::DataLossError(absl::StrCat("bin: '", shown_,
                                               "' is corrupt: body checksum mismatch (XXH3-64 ",
                                               absl::StrFormat("%016x", actual), ", header says ",
                                               absl::StrFormat("%016x", expected), ")"));
@@ -621,6 +622,7 @@ class BinarySource final : public SampleSource {
   }
 
   const std::string path_;
+  const std::string shown_;  // path_ as messages show it (Printable)
   const SourceOptions options_;
   Fd fd_;
   int64_t size_ = 0;
@@ -652,7 +654,8 @@ absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string
   // The output is checked before the input is read: a directory, or no directory to hold it.
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot write '", path, "': a directory"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write '", Printable(path), "': a directory"));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> out, AtomicFileWriter::Open(path));
   const std::string dir = DirectoryOf(path);

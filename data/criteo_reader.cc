@@ -143,7 +143,11 @@ void ParseLine(absl::string_view line, int64_t line_number, int64_t max_line_byt
 class CriteoSource final : public SampleSource {
  public:
   CriteoSource(std::string path, std::FILE* file, const SourceOptions& options, size_t chunk_bytes)
-      : path_(std::move(path)), file_(file), options_(options), chunk_bytes_(chunk_bytes) {
+      : path_(std::move(path)),
+        shown_(Printable(path_)),
+        file_(file),
+        options_(options),
+        chunk_bytes_(chunk_bytes) {
     for (int c = 0; c < kCriteoDense; ++c) schema_.dense_names.push_back(FieldName(c + 1));
     for (int t = 0; t < kCriteoTables; ++t) {
       schema_.table_names.push_back(FieldName(1 + kCriteoDense + t));
@@ -208,7 +212,8 @@ class CriteoSource final : public SampleSource {
 
   absl::Status Rewind() override {
     if (std::fseek(file_, 0, SEEK_SET) != 0) {
-      return absl::DataLossError(absl::StrCat(path_, ": cannot seek to the start for a new epoch"));
+      return absl::DataLossError(
+          absl::StrCat(shown_, ": cannot seek to the start for a new epoch"));
     }
     stream_offset_ += position_;
     position_ = 0;
@@ -226,18 +231,18 @@ class CriteoSource final : public SampleSource {
 
   std::string Describe() const override {
     if (options_.row_budget > 0) {
-      return absl::StrCat("criteo:", path_, " (mod ", options_.row_budget, " hashing)");
+      return absl::StrCat("criteo:", shown_, " (mod ", options_.row_budget, " hashing)");
     }
-    return absl::StrCat("criteo:", path_, " (dictionary encoding)");
+    return absl::StrCat("criteo:", shown_, " (dictionary encoding)");
   }
 
  private:
   absl::Status NoData() const {
     if (stats_.skipped_lines == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("criteo: '", path_, "' has no data lines"));
+      return absl::InvalidArgumentError(absl::StrCat("criteo: '", shown_, "' has no data lines"));
     }
     return absl::InvalidArgumentError(absl::StrCat(
-        "criteo: '", path_, "' has no valid line (", stats_.skipped_lines,
+        "criteo: '", shown_, "' has no valid line (", stats_.skipped_lines,
         " skipped; the first: ", stats_.first_errors.empty() ? "" : stats_.first_errors[0], ")"));
   }
 
@@ -282,8 +287,8 @@ class CriteoSource final : public SampleSource {
         const size_t read = std::fread(buffer_.data() + old, 1, chunk_bytes_, file_);
         if (read < chunk_bytes_) {
           if (std::ferror(file_)) {
-            return absl::DataLossError(absl::StrCat(path_, ": read error after line ", line_number_,
-                                                    ": ", std::strerror(errno)));
+            return absl::DataLossError(absl::StrCat(shown_, ": read error after line ",
+                                                    line_number_, ": ", std::strerror(errno)));
           }
           eof_ = true;
         }
@@ -305,7 +310,7 @@ class CriteoSource final : public SampleSource {
           // One line longer than a block: read more, up to the line length limit.
           if (static_cast<int64_t>(buffer_.size()) > options_.max_line_bytes) {
             return absl::InvalidArgumentError(absl::StrCat(
-                path_, ":", line_number_ + 1, ": line longer than ", options_.max_line_bytes,
+                shown_, ":", line_number_ + 1, ": line longer than ", options_.max_line_bytes,
                 " bytes (no line break; not a Criteo TSV file?)"));
           }
           carry_.swap(buffer_);
@@ -342,7 +347,7 @@ class CriteoSource final : public SampleSource {
           if (!lines_[i].blank) good_.push_back(i);
           continue;
         }
-        std::string message = absl::StrCat(path_, ":", lines_[i].error);
+        std::string message = absl::StrCat(shown_, ":", lines_[i].error);
         if (!options_.skip_bad_lines) return absl::InvalidArgumentError(message);
         if (rewound_) continue;  // counted in the first pass
         ++stats_.skipped_lines;
@@ -356,6 +361,7 @@ class CriteoSource final : public SampleSource {
   }
 
   const std::string path_;
+  const std::string shown_;  // path_ as messages show it (Printable)
   std::FILE* const file_;
   const SourceOptions options_;
   const size_t chunk_bytes_;
@@ -388,7 +394,7 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenCriteo(const std::string& path
   if (options.row_budget < 0 || options.row_budget == 1 ||
       options.row_budget > (int64_t{1} << 62) / kCriteoTables) {
     return absl::InvalidArgumentError(
-        absl::StrCat("criteo:", path, ": row budget ", options.row_budget,
+        absl::StrCat("criteo:", Printable(path), ": row budget ", options.row_budget,
                      " must be 0 (dictionary encoding) or in [2, 2^62 / 26] (row 0 is the "
                      "missing row)"));
   }
@@ -396,7 +402,7 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenCriteo(const std::string& path
   if (file == nullptr) {
     const int error = errno;
     const std::string message =
-        absl::StrCat("criteo: cannot open '", path, "': ", std::strerror(error));
+        absl::StrCat("criteo: cannot open '", Printable(path), "': ", std::strerror(error));
     if (error == ENOENT) return absl::NotFoundError(message);
     return absl::InvalidArgumentError(message);
   }
@@ -404,16 +410,17 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenCriteo(const std::string& path
   struct stat st;
   if (fstat(fileno(file), &st) != 0) {
     const std::string message =
-        absl::StrCat("criteo: cannot stat '", path, "': ", std::strerror(errno));
+        absl::StrCat("criteo: cannot stat '", Printable(path), "': ", std::strerror(errno));
     std::fclose(file);
     return absl::InvalidArgumentError(message);
   }
   if (S_ISDIR(st.st_mode) || (S_ISREG(st.st_mode) && st.st_size == 0)) {
     std::fclose(file);
-    return absl::InvalidArgumentError(
-        absl::StrCat("criteo: '", path, "' is ", S_ISDIR(st.st_mode) ? "a directory" : "empty"));
+    return absl::InvalidArgumentError(absl::StrCat("criteo: '", Printable(path), "' is ",
+                                                   S_ISDIR(st.st_mode) ? "a directory" : "empty"));
   }
-  if (absl::Status plain = RefuseCompressedFile(fileno(file), "criteo:" + path); !plain.ok()) {
+  if (absl::Status plain = RefuseCompressedFile(fileno(file), "criteo:" + Printable(path));
+      !plain.ok()) {
     std::fclose(file);
     return plain;
   }

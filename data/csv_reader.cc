@@ -293,7 +293,11 @@ absl::StatusOr<Spec> ParseSpec(absl::string_view text, const Header& header) {
 class CsvSource final : public SampleSource {
  public:
   CsvSource(std::string path, std::FILE* file, const SourceOptions& options, size_t block_bytes)
-      : path_(std::move(path)), file_(file), options_(options), block_bytes_(block_bytes) {}
+      : path_(std::move(path)),
+        shown_(Printable(path_)),
+        file_(file),
+        options_(options),
+        block_bytes_(block_bytes) {}
   ~CsvSource() override { std::fclose(file_); }
 
   // Reads the header and the spec; called once by OpenCsv.
@@ -304,7 +308,7 @@ class CsvSource final : public SampleSource {
       ASSIGN_OR_RETURN(const bool has_header, NextLine(&header_line));
       if (!has_header) {
         return absl::InvalidArgumentError(
-            absl::StrCat("csv: '", path_, "' ",
+            absl::StrCat("csv: '", shown_, "' ",
                          line_number_ > 0 ? "has only blank lines (no header)" : "is empty"));
       }
       // A UTF-8 byte order mark (spreadsheet exports) is not part of the first column's name.
@@ -318,11 +322,11 @@ class CsvSource final : public SampleSource {
     std::string what;
     if (!SplitCsvLine(header_line, &header_, &columns_, &bad_column, &what)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(path_, ":", header_line_number_, ":", bad_column, ": ", what));
+          absl::StrCat(shown_, ":", header_line_number_, ":", bad_column, ": ", what));
     }
-    ASSIGN_OR_RETURN(
-        spec_,
-        ParseSpec(options_.schema, Header{header_, absl::StrCat(path_, ":", header_line_number_)}));
+    ASSIGN_OR_RETURN(spec_,
+                     ParseSpec(options_.schema,
+                               Header{header_, absl::StrCat(shown_, ":", header_line_number_)}));
     schema_.dense_names = spec_.dense_names;
     schema_.table_names = spec_.table_names;
     schema_.table_rows.assign(spec_.sparse.size(), 1);
@@ -389,7 +393,8 @@ class CsvSource final : public SampleSource {
 
   absl::Status Rewind() override {
     if (std::fseek(file_, data_start_, SEEK_SET) != 0) {
-      return absl::DataLossError(absl::StrCat(path_, ": cannot seek to the start for a new epoch"));
+      return absl::DataLossError(
+          absl::StrCat(shown_, ": cannot seek to the start for a new epoch"));
     }
     stream_offset_ += position_;
     position_ = 0;
@@ -405,7 +410,7 @@ class CsvSource final : public SampleSource {
   SourceStats stats() const override { return stats_; }
 
   std::string Describe() const override {
-    return absl::StrCat("csv:", path_, " (", options_.schema, ")");
+    return absl::StrCat("csv:", shown_, " (", options_.schema, ")");
   }
 
  private:
@@ -422,8 +427,8 @@ class CsvSource final : public SampleSource {
         const size_t read = std::fread(block_.data(), 1, block_bytes_, file_);
         if (read < block_bytes_) {
           if (std::ferror(file_)) {
-            return absl::DataLossError(absl::StrCat(path_, ": read error after line ", line_number_,
-                                                    ": ", std::strerror(errno)));
+            return absl::DataLossError(absl::StrCat(shown_, ": read error after line ",
+                                                    line_number_, ": ", std::strerror(errno)));
           }
           eof_ = true;
         }
@@ -438,7 +443,7 @@ class CsvSource final : public SampleSource {
           nl == nullptr ? block_.size() - block_pos_ : static_cast<const char*>(nl) - begin;
       if (static_cast<int64_t>(line->size() + len) > options_.max_line_bytes) {
         return absl::InvalidArgumentError(
-            absl::StrCat(path_, ":", line_number_ + 1, ": line longer than ",
+            absl::StrCat(shown_, ":", line_number_ + 1, ": line longer than ",
                          options_.max_line_bytes, " bytes (no line break; not a CSV text file?)"));
       }
       line->append(begin, len);
@@ -458,16 +463,16 @@ class CsvSource final : public SampleSource {
   absl::Status NoData() const {
     if (stats_.skipped_lines == 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("csv: '", path_, "' has a header but no data lines"));
+          absl::StrCat("csv: '", shown_, "' has a header but no data lines"));
     }
     return absl::InvalidArgumentError(absl::StrCat(
-        "csv: '", path_, "' has no valid data line (", stats_.skipped_lines,
+        "csv: '", shown_, "' has no valid data line (", stats_.skipped_lines,
         " skipped; the first: ", stats_.first_errors.empty() ? "" : stats_.first_errors[0], ")"));
   }
 
   absl::Status LineError(size_t column, absl::string_view what) const {
     return absl::InvalidArgumentError(
-        absl::StrCat(path_, ":", line_number_, ":", column, ": ", what));
+        absl::StrCat(shown_, ":", line_number_, ":", column, ": ", what));
   }
 
   // Appends one sample; on error appends nothing.
@@ -596,6 +601,7 @@ class CsvSource final : public SampleSource {
   }
 
   const std::string path_;
+  const std::string shown_;  // path_ as messages show it (Printable)
   std::FILE* const file_;
   const SourceOptions options_;
   const size_t block_bytes_;
@@ -627,19 +633,20 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenCsv(const std::string& path,
   if (file == nullptr) {
     const int error = errno;
     const std::string message =
-        absl::StrCat("csv: cannot open '", path, "': ", std::strerror(error));
+        absl::StrCat("csv: cannot open '", Printable(path), "': ", std::strerror(error));
     if (error == ENOENT) return absl::NotFoundError(message);
     return absl::InvalidArgumentError(message);
   }
   struct stat st;
   const bool stated = fstat(fileno(file), &st) == 0;
   if (!stated || S_ISDIR(st.st_mode)) {
-    const std::string message = absl::StrCat("csv: cannot read '", path,
+    const std::string message = absl::StrCat("csv: cannot read '", Printable(path),
                                              "': ", stated ? "a directory" : std::strerror(errno));
     std::fclose(file);
     return absl::InvalidArgumentError(message);
   }
-  if (absl::Status plain = RefuseCompressedFile(fileno(file), "csv:" + path); !plain.ok()) {
+  if (absl::Status plain = RefuseCompressedFile(fileno(file), "csv:" + Printable(path));
+      !plain.ok()) {
     std::fclose(file);
     return plain;
   }

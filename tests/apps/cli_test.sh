@@ -115,6 +115,13 @@ expect_error bad_cache_mode "belady2" train --data "$SYN" --cache belady2 --quie
 expect_error bad_bottom "bottom" train --data "$SYN" --dim 8 --bottom 13-64-16 --quiet
 expect_error tiny_cache "error:.*(capacity|cache)" train --data "$SYN" --batch-size 512 --iterations 5 \
   --cache oracle --cache-rows 10 --quiet
+# A path's control characters are escaped in messages (a terminal would act on ESC).
+expect_error escaped_path "criteo: cannot open '.*/no\\\\nsuch\\\\x1b\\[31m.tsv'" train \
+  --data "criteo:$WORK/no"$'\n'"such"$'\e'"[31m.tsv" --quiet
+if grep -q $'\e' "$WORK/escaped_path.out"; then
+  echo "FAIL escaped_path: the message holds a raw ESC"
+  failures=$((failures + 1))
+fi
 expect_error keep_without_dir "--keep-checkpoints 3 needs --checkpoint-dir" train --data "$SYN" \
   --keep-checkpoints 3 --quiet
 expect_error bad_eval_fraction "eval-fraction" train --data "$SYN" --eval-fraction 1.5 --quiet

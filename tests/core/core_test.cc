@@ -73,6 +73,32 @@ TEST(ExcerptTest, ShortEscapedAndCut) {
   EXPECT_LE(Excerpt(all, 256).size(), 256u + 30);
 }
 
+TEST(PrintableTest, EscapesControlsAndInvalidBytesKeepsText) {
+  EXPECT_EQ(Printable("/data/day_0.tsv"), "/data/day_0.tsv");
+  // Valid UTF-8 stays (2, 3 and 4 bytes), backslashes too.
+  EXPECT_EQ(Printable("/données/日本/\xF0\x9F\x98\x80\\x"), "/données/日本/\xF0\x9F\x98\x80\\x");
+  // Tab, CR, LF, ESC (a terminal's escape sequences), NUL, DEL and the C1 controls (U+009B is
+  // CSI) are escaped; LF stays a line break where asked.
+  EXPECT_EQ(Printable(std::string("a\tb\rc\nd\x1b[31me\0f\x7fg", 17)),
+            "a\\tb\\rc\\nd\\x1b[31me\\x00f\\x7fg");
+  EXPECT_EQ(Printable("a\nb\x1b", /*keep_newlines=*/true), "a\nb\\x1b");
+  EXPECT_EQ(Printable("\xC2\x9B"
+                      "1m"),
+            "\\xc2\\x9b1m");
+  // Bytes outside valid UTF-8: a lone continuation byte, a truncated sequence, an overlong form,
+  // a surrogate, a code point above U+10FFFF.
+  EXPECT_EQ(Printable("\x80"), "\\x80");
+  EXPECT_EQ(Printable("\xE6\x97"), "\\xe6\\x97");
+  EXPECT_EQ(Printable("\xC0\xAF"), "\\xc0\\xaf");
+  EXPECT_EQ(Printable("\xED\xA0\x80"), "\\xed\\xa0\\x80");
+  EXPECT_EQ(Printable("\xF4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");
+  // Every byte value: the result holds no control character (as the bytes or as UTF-8).
+  std::string all;
+  for (int c = 0; c < 256; ++c) all.push_back(static_cast<char>(c));
+  for (char c : Printable(all)) EXPECT_TRUE(static_cast<unsigned char>(c) >= 0x20 && c != 0x7f);
+  EXPECT_EQ(Printable(all).find("\xC2\x9B"), std::string::npos);
+}
+
 TEST(ChecksTest, MpiErrorsNameTheCallAndLocation) {
   absl::Status status = internal::MpiStatus(/*MPI_ERR_RANK*/ 6, "MPI_Send(x)", "sync/a.cc", 12);
   EXPECT_FALSE(status.ok());
