@@ -23,9 +23,12 @@ EvalFigures Evaluate(const std::vector<float>& probabilities, const std::vector<
   int64_t correct = 0;
   for (size_t k = 0; k < n; ++k) {
     const double p = std::clamp(static_cast<double>(probabilities[k]), 1e-7, 1 - 1e-7);
+    // The loss the model trains on, with the label as it is (labels in [0, 1] need not be 0
+    // or 1); the counts, the accuracy and the AUC take a label above 0.5 as positive.
+    const double y = labels[k];
     const bool positive = labels[k] > 0.5f;
     figures.positives += positive ? 1 : 0;
-    loss -= positive ? std::log(p) : std::log(1 - p);
+    loss -= y * std::log(p) + (1 - y) * std::log(1 - p);
     correct += (p >= 0.5) == positive ? 1 : 0;
   }
   figures.log_loss = loss / static_cast<double>(n);

@@ -220,5 +220,19 @@ TEST(EvalMetricsTest, AucCountsOrderedPairsAndTiesHalf) {
   EXPECT_EQ(Evaluate({}, {}).samples, 0);
 }
 
+TEST(EvalMetricsTest, FractionalLabelsKeepTheirLossAndCountAboveOneHalfAsPositive) {
+  // The log loss is the training loss with the labels as they are; a label of 0.5 is not
+  // positive, 0.75 is.
+  const EvalFigures f = Evaluate({0.8f, 0.3f, 0.6f}, {0.25f, 0.5f, 0.75f});
+  const double expected = -((0.25 * std::log(0.8) + 0.75 * std::log(0.2)) +
+                            (0.5 * std::log(0.3) + 0.5 * std::log(0.7)) +
+                            (0.75 * std::log(0.6) + 0.25 * std::log(0.4))) /
+                          3;
+  EXPECT_NEAR(f.log_loss, expected, 1e-6);
+  EXPECT_EQ(f.positives, 1);
+  EXPECT_DOUBLE_EQ(f.accuracy, 2.0 / 3);  // 0.8 for 0.25 is wrong; 0.3 for 0.5, 0.6 for 0.75 right
+  EXPECT_DOUBLE_EQ(f.auc, 0.5);           // the positive (0.6) above 0.3, below 0.8
+}
+
 }  // namespace
 }  // namespace bagpipe
