@@ -16,7 +16,7 @@ const char kDataHelp[] =
     "                       tables=N,rows=R), scale, alpha (Zipf), pooling=P|MIN-MAX, dense,\n"
     "                       drift, seed\n"
     "  criteo:PATH          Criteo TSV (Kaggle train.txt, Terabyte day_N); --row-budget N\n"
-    "                       hashes categorical values mod N instead of a dictionary\n"
+    "                       hashes categorical values to N rows instead of a dictionary\n"
     "  csv:PATH             CSV with a header and --schema, e.g.\n"
     "                       \"label=rating>3.5; dense=year; sparse=userId,movieId,genres\"\n"
     "  bin:PATH             Bagpipe binary columnar file (bagpipe convert)\n";
@@ -99,8 +99,10 @@ void AddDataFlags(CLI::App* app, DataFlags* flags) {
                   "CSV column spec: label=COL[>X]; dense=C,log(C); sparse=C,split(C,|)");
   app->add_flag("--skip-bad-lines", flags->options.skip_bad_lines,
                 "count and skip malformed lines instead of failing");
-  app->add_option("--row-budget", flags->options.row_budget,
-                  "Criteo: hash categorical values mod N rows per table (0 = dictionary)")
+  app->add_option(
+         "--row-budget", flags->options.row_budget,
+         "Criteo: hash categorical values to N rows per table, row 0 for an empty field and "
+         "1 + value mod (N - 1) for the others (0 = dictionary)")
       ->check(kNonNegative);
   app->add_option("--max-samples", flags->options.max_samples,
                   "read at most this many samples per epoch (-1 = all)");
