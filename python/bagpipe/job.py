@@ -725,6 +725,11 @@ def _close_jobs_at_exit():
     _core._shutdown()
 
 
+# The signals that stop a job with checkpoints at an iteration boundary, as they stop
+# `bagpipe train` (SIGUSR1: the one mpirun forwards to its ranks).
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
 class _InterruptWatch:
     """Acts on a SIGINT (or a SIGTERM Python handles) while a call blocks in the runtime: Python's
     signal handler only sets a flag that the blocked main thread would not see.
@@ -815,7 +820,7 @@ class _InterruptWatch:
                     pass
             with self._lock:
                 jobs = list(self._jobs)
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in _STOP_SIGNALS:
                 if signum not in received:
                     continue
                 for job in jobs:
@@ -883,8 +888,9 @@ class Job:
     as ``bagpipe train``'s flags; each trainer registers the loop's state
     (Trainer.checkpoint_torch_state or set_loop_state) before its first iteration;
     ``checkpoint_identity``: a dict of the loop's own options a resumed job must match (e.g. the
-    dense model's sizes). ``request_stop()`` — and, with checkpoints configured, the first Ctrl-C
-    or SIGTERM inside ``run_trainers`` — stops the job at an iteration boundary with a checkpoint;
+    dense model's sizes). ``request_stop()`` — and, with checkpoints configured, the first Ctrl-C,
+    SIGTERM or SIGUSR1 (what mpirun forwards) inside ``run_trainers`` — stops the job at an
+    iteration boundary with a checkpoint;
     ``finish()`` then raises Stopped saying where to resume. A second signal aborts.
 
     Use it as a context manager: leaving the block with an exception aborts the job (every
@@ -1005,7 +1011,7 @@ class Job:
         self._core.abort(text or "aborted")
 
     def request_stop(self, signum=signal.SIGINT):
-        """Stops the job at an iteration boundary, as SIGINT/SIGTERM stop ``bagpipe train``:
+        """Stops the job at an iteration boundary, as SIGINT/SIGTERM/SIGUSR1 stop ``bagpipe train``:
         every rank agrees on the iteration (at most lookahead + plan queue + 2 after the
         request), a checkpoint is written when config.checkpoint_dir is set, every trainer's
         begin_iteration then returns None, and finish() raises Stopped. Thread-safe; from any
@@ -1039,9 +1045,10 @@ class Job:
             self.abort(f"interrupted ({signal.Signals(signum).name})")
 
     def _install_stop_handlers(self):
-        # With checkpoints, the first SIGINT/SIGTERM stops at an iteration boundary instead of
-        # raising KeyboardInterrupt in the loop (the watch thread requests the stop); a second
-        # one aborts the job. Main thread only (where Python runs handlers).
+        # With checkpoints, the first SIGINT/SIGTERM/SIGUSR1 stops at an iteration boundary
+        # instead of raising KeyboardInterrupt in the loop or ending the process (the watch
+        # thread requests the stop); a second one aborts the job. Main thread only (where Python
+        # runs handlers).
         if not self.checkpoints or not self._watched:
             return {}
         previous = {}
@@ -1049,7 +1056,7 @@ class Job:
         def handler(signum, frame):
             pass  # the interrupt watch acts on it (signal.set_wakeup_fd)
 
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in _STOP_SIGNALS:
             previous[signum] = signal.signal(signum, handler)
         return previous
 

@@ -28,10 +28,10 @@ def make_config(cache, trainers, **options):
 
 
 def train(trainer, job, stop_at=None, signal_at=None, register=True, context=None,
-          poison_at=None):
+          poison_at=None, signal_number=signal.SIGINT):
     """An embedding-bag + linear head loop with Adagrad; returns (iterations run here, the
-    first iteration). Trainer 0 asks for the stop at iteration `stop_at` (or sends itself a
-    SIGINT at `signal_at`). ``context()``: a context manager the loop runs in (e.g. a stream).
+    first iteration). Trainer 0 asks for the stop at iteration `stop_at` (or sends itself
+    `signal_number` at `signal_at`). ``context()``: a context manager the loop runs in (e.g. a stream).
     After the step of iteration `poison_at` every trainer's head bias becomes NaN, as in a run
     that diverged (the next iteration's gradients would be refused)."""
     tables = bagpipe.EmbeddingBags(trainer)
@@ -52,7 +52,7 @@ def train(trainer, job, stop_at=None, signal_at=None, register=True, context=Non
             if trainer.id == 0 and batch.iteration == stop_at:
                 job.request_stop()
             if trainer.id == 0 and batch.iteration == signal_at:
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal_number)
             x = torch.cat([tables(batch).flatten(1), batch.dense], dim=1)
             loss = torch.nn.functional.binary_cross_entropy_with_logits(
                 head(x).squeeze(1), batch.labels, reduction="sum") / batch.global_batch_size
@@ -111,15 +111,18 @@ def test_stopped_and_resumed_equals_uninterrupted(tmp_path, cache, trainers):
     assert resumed["params_sha256"] == whole["params_sha256"]
 
 
-def test_ctrl_c_in_run_trainers_stops_at_a_boundary_with_a_checkpoint(tmp_path):
+# Ctrl-C, SIGTERM and SIGUSR1 (the signal mpirun forwards to its ranks) stop as they stop
+# `bagpipe train`; SIGUSR1's default action would end the process without a checkpoint.
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1])
+def test_a_stop_signal_in_run_trainers_stops_at_a_boundary_with_a_checkpoint(tmp_path, signum):
     checkpoints = tmp_path / "ckpt"
-    before = signal.getsignal(signal.SIGINT)
+    before = signal.getsignal(signum)
     stopped, results = run_stopped(make_config("oracle", 1, checkpoint_dir=str(checkpoints)),
-                                   signal_at=2)
-    assert stopped.signal == signal.SIGINT and "SIGINT" in str(stopped)
+                                   signal_at=2, signal_number=signum)
+    assert stopped.signal == signum and signal.Signals(signum).name in str(stopped)
     assert 2 <= stopped.iteration < ITERATIONS and results[0][0] == stopped.iteration
     assert os.path.isdir(stopped.checkpoint)
-    assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is back
+    assert signal.getsignal(signum) is before  # the caller's handler is back
 
 
 def test_resume_refusals_are_clear(tmp_path):
