@@ -176,11 +176,16 @@ def train(trainer, config, flags, metrics):
     samples, iterations, interval_samples, interval_iterations = 0, 0, 0, 0
     last_loss, global_samples = 0.0, 0
     # Checkpoints (--checkpoint-dir, --resume) hold the dense model, its optimizer and the
-    # samples trained so far; a resumed job restores them here.
+    # samples trained so far (all trainers'); a resumed job restores them here.
     counters = {"global_samples": 0}
     trainer.checkpoint_torch_state(model, optimizer, get=lambda: {"global_samples": global_samples},
                                    set=counters.update)
     global_samples = counters["global_samples"]
+    # Iterations are numbered from the job's start: a job resumed at K continues at K + 1, and
+    # keeps the metrics lines of the iterations up to K, as bagpipe train does.
+    first = trainer.first_iteration
+    if leader and metrics is not None:
+        metrics.start(first if first > 0 else None)
     start = interval_start = time.perf_counter()
 
     def runtime_seconds(stats_now, stats_then, phases):
@@ -198,7 +203,7 @@ def train(trainer, config, flags, metrics):
 
     def report(final):
         nonlocal interval_stats, interval_fb, interval_opt, loss_sum, interval_samples
-        nonlocal interval_iterations, interval_start, last_loss, global_samples
+        nonlocal interval_iterations, interval_start, last_loss
         stats = trainer.stats()
         sums = torch.tensor([0.0, interval_samples,
                              stats["unique_rows"] - interval_stats["unique_rows"],
@@ -208,11 +213,12 @@ def train(trainer, config, flags, metrics):
         sums = trainer.all_reduce_(sums.to(trainer.device)).cpu()
         seconds = time.perf_counter() - interval_start
         last_loss = float(sums[0] / sums[1]) if sums[1] > 0 else 0.0
-        global_samples += int(sums[1])
         if leader:
             hit_rate = float(sums[3] / sums[2]) if sums[2] > 0 else 0.0
-            record = {"kind": "train", "iteration": iterations, "samples": global_samples,
-                      "loss": last_loss, "samples_per_s": float(sums[1]) / seconds,
+            record = {"kind": "train", "iteration": first + iterations, "samples": global_samples,
+                      # No sample in the interval (a resume with no iteration left): no loss.
+                      "loss": last_loss if sums[1] > 0 else None,
+                      "samples_per_s": float(sums[1]) / seconds,
                       "hit_rate": hit_rate, "seconds": time.perf_counter() - start,
                       "time_ms": time_ms(stats, interval_stats, interval_fb, interval_opt,
                                          interval_iterations),
@@ -220,7 +226,7 @@ def train(trainer, config, flags, metrics):
             if metrics is not None:
                 metrics.write(record)
             if not flags["quiet"]:
-                print(f"iteration {iterations}: loss {last_loss:.4f}, "
+                print(f"iteration {first + iterations}: loss {last_loss:.4f}, "
                       f"{record['samples_per_s']:.0f} samples/s, hit {100 * hit_rate:.1f}%",
                       file=sys.stderr)
         interval_stats = stats
@@ -248,11 +254,14 @@ def train(trainer, config, flags, metrics):
         loss_sum += loss.detach().double() * batch.global_batch_size
         samples += batch.num_samples
         interval_samples += batch.num_samples
+        global_samples += batch.global_batch_size  # what a checkpoint after this one records
         iterations += 1
         interval_iterations += 1
-        if interval > 0 and iterations % interval == 0:
+        if interval > 0 and (first + iterations) % interval == 0:
             report(False)
-    if interval_iterations > 0 or iterations == 0:
+    # A resumed job with no iteration left reports nothing: the metrics it continues end with
+    # the checkpoint's iteration already.
+    if interval_iterations > 0 or (iterations == 0 and first == 0):
         report(True)
     seconds = time.perf_counter() - start
     stats = trainer.stats()
@@ -264,10 +273,12 @@ def train(trainer, config, flags, metrics):
         for batch in trainer.eval_batches():
             predictions.append(torch.sigmoid(model(batch.dense, batch)))
             labels.append(batch.labels)
-    info = {"train_loss": last_loss, "iterations": iterations, "samples": samples,
+    info = {"iterations": iterations, "samples": samples,
             "seconds": seconds,
             "time_ms": time_ms(stats, start_stats, forward_backward, optimizer_seconds,
                                iterations)}
+    if iterations > 0:  # a job that trained no iteration (resumed at its last) has no loss
+        info["train_loss"] = last_loss
     trainer.complete(dense=list(model.parameters()),
                      predictions=torch.cat(predictions) if predictions else None,
                      labels=torch.cat(labels) if labels else None, info=info)
@@ -300,7 +311,8 @@ def main(argv=None):
         print(f"{summary['cache']}: {summary['iterations']} iterations in "
               f"{summary['train_seconds']:.2f} s, {summary['samples_per_s']:.0f} samples/s, "
               f"{summary['ms_per_iteration']:.2f} ms/iteration")
-        print(f"  train loss {summary['train_loss']:.5f}, hit rate "
+        loss = summary["train_loss"]
+        print(f"  train loss {'-' if loss is None else f'{loss:.5f}'}, hit rate "
               f"{100 * summary['hit_rate']:.1f}%, fetched {summary['fetched_bytes'] / 1e6:.1f} MB")
         if "eval" in summary:
             print(f"  held-out ({summary['eval']['samples']} samples): log loss "

@@ -235,9 +235,10 @@ def _make_directory(path, what):
 
 class MetricsWriter:
     """Writes dicts as JSON lines (metrics.jsonl, read by ``bagpipe compare``). The file starts
-    empty at the first write; ``replaces``: the same run's other outputs (its summary.json,
-    params.bin) that the earlier run written there left, removed then, so that a run that fails
-    leaves no summary its metrics contradict."""
+    empty at the first write, unless ``start(k)`` said otherwise first; ``replaces``: the same
+    run's other outputs (its summary.json, params.bin) that the earlier run written there left,
+    removed at a fresh start, so that a run that fails leaves no summary its metrics
+    contradict."""
 
     def __init__(self, path, replaces=()):
         path = _path_text(path, "MetricsWriter")
@@ -249,6 +250,19 @@ class MetricsWriter:
             raise TypeError("MetricsWriter: replaces must be a list of paths, not one path")
         replaces = [_path_text(p, "MetricsWriter replaces") for p in replaces]
         self._writer = _core.MetricsWriter(path, replaces)
+
+    def start(self, keep_through_iteration=None):
+        """Starts the file, at most once and before the first write. ``None`` (or a negative
+        number): empty, as the first write would. A job resumed at iteration K
+        (``trainer.first_iteration``) passes K: the earlier file's lines up to iteration K stay
+        (and lines without an "iteration"), later ones go, as ``bagpipe train --resume`` keeps
+        its metrics. The file is replaced atomically either way."""
+        keep = -1 if keep_through_iteration is None else _strict_int(
+            keep_through_iteration, -2**63, 2**63 - 1,
+            lambda: TypeError(f"MetricsWriter.start: keep_through_iteration must be an int, "
+                              f"got {type(keep_through_iteration).__name__}"),
+            lambda: ValueError("MetricsWriter.start: keep_through_iteration is out of range"))
+        self._writer.start(max(keep, -1))
 
     def write(self, record):
         self._writer.write_json(_json_text(record, "MetricsWriter.write"))

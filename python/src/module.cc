@@ -347,6 +347,16 @@ PYBIND11_MODULE(_core, m) {
              return writer.release();
            }),
            py::arg("path"), py::arg("replaces") = std::vector<std::string>())
+      .def(
+          "start",
+          [](JsonLinesWriter& w, int64_t keep_through_iteration) {
+            if (absl::Status status = w.Start(keep_through_iteration); !status.ok()) {
+              // Started twice (or after a write) is the caller's mistake.
+              RaiseError(absl::IsFailedPrecondition(status) ? "UsageError" : "JobError",
+                         std::string(status.message()));
+            }
+          },
+          py::arg("keep_through_iteration"))
       .def("write_json", [](JsonLinesWriter& w, const std::string& text) {
         nlohmann::json record = nlohmann::json::parse(text, nullptr, false);
         if (record.is_discarded()) RaiseError("UsageError", "MetricsWriter: not JSON");

@@ -134,3 +134,37 @@ def test_data_without_dense_features_trains_logreg_and_refuses_dlrm(example, tmp
     with pytest.raises(bagpipe.ConfigError, match="no dense features.*--model logreg"):
         example.main(args + ["--model", "dlrm", "--out", str(tmp_path / "dlrm")])
 
+
+
+def metrics_lines(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_a_resumed_run_continues_the_metrics_as_bagpipe_train_does(example, tmp_path):
+    # Ended after iteration 7 (between two reports of --metrics-interval 5), resumed to 14 into
+    # the same run directory: the metrics keep the lines up to 7 (the first run's final one
+    # too), number on from there and count every sample; the report that straddles the resume
+    # (iteration 10) covers only the iterations after it (docs/checkpoints.md), the others
+    # equal the straight run's.
+    base = COMMON + ["--cache", "oracle", "--trainers", "2"]
+    straight = example.main(base + ["--out", str(tmp_path / "straight")])
+    checkpoints = str(tmp_path / "ckpt")
+    resumed_dir = str(tmp_path / "resumed")
+    cut = [a if a != "14" else "7" for a in base]
+    example.main(cut + ["--out", resumed_dir, "--checkpoint-dir", checkpoints])
+    assert [m["iteration"] for m in metrics_lines(resumed_dir)] == [5, 7]
+    resumed = example.main(base + ["--out", resumed_dir, "--resume", checkpoints])
+    assert resumed["params_sha256"] == straight["params_sha256"]
+    assert resumed["iterations"] == 7 and resumed["fills"] > 0
+    a, b = metrics_lines(tmp_path / "straight"), metrics_lines(resumed_dir)
+    assert [m["iteration"] for m in a] == [5, 10, 14]
+    assert [m["iteration"] for m in b] == [5, 7, 10, 14]
+    assert [m["samples"] for m in a] == [1280, 2560, 3584]
+    assert [m["samples"] for m in b] == [1280, 1792, 2560, 3584]
+    assert b[0]["loss"] == a[0]["loss"] and b[3]["loss"] == a[2]["loss"]
+    assert b[3]["final"] and resumed["train_loss"] == straight["train_loss"]
+    # Resumed at its last iteration: nothing to train, no line added, no training loss.
+    again = example.main(base + ["--out", resumed_dir, "--resume", checkpoints])
+    assert again["iterations"] == 0 and again["train_loss"] is None
+    assert metrics_lines(resumed_dir) == b
