@@ -27,10 +27,11 @@ class Normalizer:
     """Turns one item of the iterable into (dense float32 [n, num_dense], labels float32 [n],
     offsets int64 [num_tables * n + 1], ids int64), raising ValueError on a malformed item.
 
-    An item is a dict: ``labels`` [n]; ``dense`` [n, num_dense] (may be left out when there
-    are no dense features); ``ids``: a list with one 1-D array of row ids per table; optional
-    ``offsets``: a list with, per table, n bag starts (as nn.EmbeddingBag takes them) or n + 1
-    CSR offsets — without it every sample has exactly one id per table."""
+    An item is a dict: ``labels`` [n] (or [n, 1]); ``dense`` [n, num_dense] (may be left out
+    when there are no dense features); ``ids``: a list with one 1-D array of row ids per table;
+    optional ``offsets``: a list with, per table, n bag starts (as nn.EmbeddingBag takes them)
+    or n + 1 CSR offsets — without it every sample has exactly one id per table. An item with
+    no sample (n = 0, no ids) is skipped."""
 
     def __init__(self, num_tables, num_dense):
         self.num_tables = num_tables
@@ -42,7 +43,11 @@ class Normalizer:
                              f"{type(item).__name__}")
         if "labels" not in item or "ids" not in item:
             raise ValueError(f"a batch needs 'labels' and 'ids', got keys {sorted(item)}")
-        labels = _array(item["labels"], np.float32, "labels").reshape(-1)
+        labels = _array(item["labels"], np.float32, "labels")
+        # One label a sample: [n], or the [n, 1] of a model's output; [n, 2] is not n samples.
+        if labels.ndim > 2 or (labels.ndim == 2 and labels.shape[1] != 1):
+            raise ValueError(f"labels: expected shape (n,) or (n, 1), got {tuple(labels.shape)}")
+        labels = labels.reshape(-1)
         n = labels.shape[0]
         if "dense" in item and item["dense"] is not None:
             dense = _array(item["dense"], np.float32, "dense")

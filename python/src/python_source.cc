@@ -120,16 +120,20 @@ class PythonSource final : public SampleSource {
     Reading reading(owner_);
     try {
       if (!iterator_) iterator_ = py::iter(iterable_);
-      PyObject* item = PyIter_Next(iterator_.ptr());
-      if (item == nullptr) {
-        if (PyErr_Occurred()) throw py::error_already_set();
-        return false;
+      // An item without samples (e.g. a loader's empty last batch) is skipped.
+      while (true) {
+        PyObject* item = PyIter_Next(iterator_.ptr());
+        if (item == nullptr) {
+          if (PyErr_Occurred()) throw py::error_already_set();
+          return false;
+        }
+        py::object owned = py::reinterpret_steal<py::object>(item);
+        py::tuple parts = normalize_(owned);
+        absl::StatusOr<bool> filled = Fill(parts);
+        if (!filled.ok()) return filled.status();
+        ++items_;
+        if (*filled) return true;
       }
-      py::object owned = py::reinterpret_steal<py::object>(item);
-      py::tuple parts = normalize_(owned);
-      if (absl::Status status = Fill(parts); !status.ok()) return status;
-      ++items_;
-      return true;
     } catch (py::error_already_set& e) {
       return absl::InvalidArgumentError(absl::StrCat(Where(), e.what()));
     } catch (const std::exception& e) {
@@ -144,7 +148,9 @@ class PythonSource final : public SampleSource {
     return absl::StrCat("batch ", items_, " of ", role_, ", the ", description_, ": ");
   }
 
-  absl::Status Fill(const py::tuple& parts) {
+  // Takes an item's samples into pending_; false for an item without samples (consistently
+  // empty: no dense value, no id).
+  absl::StatusOr<bool> Fill(const py::tuple& parts) {
     using F = py::array_t<float, py::array::c_style | py::array::forcecast>;
     using I = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
     F dense = parts[0].cast<F>();
@@ -157,7 +163,11 @@ class PythonSource final : public SampleSource {
     auto bad = [&](const std::string& what) {
       return absl::InvalidArgumentError(absl::StrCat(Where(), what));
     };
-    if (n <= 0) return bad("no samples (labels is empty)");
+    if (n == 0) {
+      if (dense.size() == 0 && ids.size() == 0 && offsets.size() <= 1) return false;
+      return bad(absl::StrCat("no samples (labels is empty) but ", dense.size(),
+                              " dense values and ", ids.size(), " ids"));
+    }
     if (dense.size() != n * num_dense) {
       return bad(absl::StrCat(dense.size(), " dense values for ", n, " samples of ", num_dense,
                               " dense features"));
@@ -196,7 +206,7 @@ class PythonSource final : public SampleSource {
     pending_.offsets.assign(o, o + offsets.size());
     pending_.ids.assign(ids.data(), ids.data() + ids.size());
     next_ = 0;
-    return absl::OkStatus();
+    return true;
   }
 
   py::object iterable_;

@@ -240,6 +240,10 @@ def batches_for(schema, count, bad=None):
     (lambda item: {k: v for k, v in item.items() if k != "labels"}, "needs 'labels'"),
     (lambda item: {**item, "offsets": [np.arange(31), np.arange(32)]}, "31 offsets for 32"),
     (lambda item: 1 / 0, "ZeroDivisionError"),
+    # [16, 2] labels are not 32 samples: named as the labels' shape, not a dense mismatch.
+    (lambda item: {**item, "labels": item["labels"].reshape(16, 2)},
+     r"labels: expected shape \(n,\) or \(n, 1\), got \(16, 2\)"),
+    (lambda item: {**item, "labels": item["labels"][:0]}, r"dense: expected shape \(0, 2\)"),
 ])
 def test_bad_data_from_an_iterable_fails_the_job_with_its_message(bad, message):
     schema = bagpipe.Schema(table_rows=[10, 20], num_dense=2)
@@ -250,6 +254,34 @@ def test_bad_data_from_an_iterable_fails_the_job_with_its_message(bad, message):
         with pytest.raises(bagpipe.JobError, match=message):
             for batch in trainer:
                 zero_step(trainer)
+
+
+def test_an_item_without_samples_is_skipped_and_labels_may_be_a_column():
+    # A loader's empty last batch (or an empty shard) among full ones: skipped, the samples
+    # around it train as if it were not there. Labels shaped [n, 1] are n labels.
+    schema = bagpipe.Schema(table_rows=[10, 20], num_dense=2)
+    config = bagpipe.Config(batch_size=32, cache_rows=100, dim=4, optimizer="sgd",
+                            peer_timeout=60)
+
+    def empty(item):
+        return {"dense": np.zeros((0, 2), np.float32), "labels": np.zeros(0, np.float32),
+                "ids": [np.zeros(0, np.int64), np.zeros(0, np.int64)]}
+
+    def column(item):
+        return {**item, "labels": item["labels"].reshape(32, 1)}
+
+    results = []
+    for bad in (None, empty, column):
+        with bagpipe.Job(config, data=list(batches_for(schema, 6, bad)), schema=schema) as job:
+            (trainer,) = job.trainers
+            for batch in trainer:
+                zero_step(trainer)
+            trainer.flush()
+            trainer.complete()
+            results.append(job.finish())
+    full, skipped, columns = results
+    assert full["iterations"] == 6 and skipped["iterations"] == 5
+    assert columns["iterations"] == 6
 
 
 INTERRUPTED = """
