@@ -185,7 +185,7 @@ def train(trainer, config, flags, metrics):
     # keeps the metrics lines of the iterations up to K, as bagpipe train does.
     first = trainer.first_iteration
     if leader and metrics is not None:
-        metrics.start(first if first > 0 else None)
+        metrics.start(first)
     start = interval_start = time.perf_counter()
 
     def runtime_seconds(stats_now, stats_then, phases):

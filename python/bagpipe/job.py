@@ -252,17 +252,17 @@ class MetricsWriter:
         self._writer = _core.MetricsWriter(path, replaces)
 
     def start(self, keep_through_iteration=None):
-        """Starts the file, at most once and before the first write. ``None`` (or a negative
-        number): empty, as the first write would. A job resumed at iteration K
-        (``trainer.first_iteration``) passes K: the earlier file's lines up to iteration K stay
-        (and lines without an "iteration"), later ones go, as ``bagpipe train --resume`` keeps
-        its metrics. The file is replaced atomically either way."""
+        """Starts the file, at most once and before the first write; pass
+        ``trainer.first_iteration``. A job resumed at iteration K > 0 keeps the earlier file's
+        lines up to iteration K (and lines without an "iteration"), later ones go, as ``bagpipe
+        train --resume`` keeps its metrics; 0 (a fresh job) or ``None``: the file starts empty,
+        as at the first write. The file is replaced atomically either way."""
         keep = -1 if keep_through_iteration is None else _strict_int(
             keep_through_iteration, -2**63, 2**63 - 1,
             lambda: TypeError(f"MetricsWriter.start: keep_through_iteration must be an int, "
                               f"got {type(keep_through_iteration).__name__}"),
             lambda: ValueError("MetricsWriter.start: keep_through_iteration is out of range"))
-        self._writer.start(max(keep, -1))
+        self._writer.start(keep if keep > 0 else -1)
 
     def write(self, record):
         self._writer.write_json(_json_text(record, "MetricsWriter.write"))
