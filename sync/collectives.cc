@@ -1,5 +1,6 @@
 #include "sync/collectives.h"
 
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -14,18 +15,47 @@ std::pair<size_t, size_t> Chunk(size_t count, int parts, int c) {
   return {count * c / parts, count * (c + 1) / parts};
 }
 
+// Every part starts with what its sender reduces: the bytes of a value (4: float, 8: double) and
+// the all-reduce's whole count, so that members that called with different types or counts get
+// an error even where their parts happen to have the same length (4 floats and 2 doubles).
+constexpr size_t kPartHeaderBytes = 1 + sizeof(uint64_t);
+
 template <typename T>
-Bytes ValuesToBytes(const T* data, size_t n) {
-  Bytes bytes(n * sizeof(T));
-  if (n > 0) std::memcpy(bytes.data(), data, bytes.size());
+Bytes PartToBytes(const T* data, size_t n, size_t total) {
+  Bytes bytes(kPartHeaderBytes + n * sizeof(T));
+  bytes[0] = static_cast<uint8_t>(sizeof(T));
+  const uint64_t count = total;
+  std::memcpy(bytes.data() + 1, &count, sizeof(count));
+  if (n > 0) std::memcpy(bytes.data() + kPartHeaderBytes, data, n * sizeof(T));
   return bytes;
 }
 
-absl::Status CheckSize(const Message& message, size_t bytes) {
-  if (message.payload.size() != bytes) {
-    return absl::DataLossError(absl::StrCat("all-reduce chunk from rank ", message.source, " has ",
-                                            message.payload.size(), " bytes, expected ", bytes,
-                                            " (members called with different sizes or types?)"));
+const char* ValueName(size_t value_bytes) {
+  return value_bytes == 4 ? "float" : value_bytes == 8 ? "double" : "unknown";
+}
+
+// Checks that member `m`'s part reduces the same type and count as this member and holds
+// `n` values of `value_bytes` bytes.
+absl::Status CheckPart(const Message& message, size_t value_bytes, size_t total, size_t n) {
+  const size_t size = message.payload.size();
+  if (size < kPartHeaderBytes) {
+    return absl::DataLossError(absl::StrCat("all-reduce part from rank ", message.source, " has ",
+                                            size, " bytes, less than its header"));
+  }
+  const size_t theirs = message.payload[0];
+  uint64_t their_total = 0;
+  std::memcpy(&their_total, message.payload.data() + 1, sizeof(their_total));
+  if (theirs != value_bytes || their_total != total) {
+    return absl::DataLossError(absl::StrCat(
+        "all-reduce: rank ", message.source, " reduces ", their_total, " ", ValueName(theirs),
+        " values, this member ", total, " ", ValueName(value_bytes),
+        " values (members called with different sizes or types: every member must call the same "
+        "all-reduce with the same count and type)"));
+  }
+  if (size != kPartHeaderBytes + n * value_bytes) {
+    return absl::DataLossError(absl::StrCat("all-reduce part from rank ", message.source, " has ",
+                                            size - kPartHeaderBytes, " bytes, expected ",
+                                            n * value_bytes));
   }
   return absl::OkStatus();
 }
@@ -59,7 +89,7 @@ absl::Status AllReduceSumOf(Transport& transport, const Group& group, T* data, s
     if (c == me) continue;
     const auto [begin, end] = Chunk(count, n, c);
     RETURN_IF_ERROR(
-        transport.Send(group.ranks[c], kTagDense, ValuesToBytes(data + begin, end - begin)));
+        transport.Send(group.ranks[c], kTagDense, PartToBytes(data + begin, end - begin, count)));
   }
   // Own chunk: receive every member's part and sum in member order from zero.
   const auto [my_begin, my_end] = Chunk(count, n, me);
@@ -68,7 +98,7 @@ absl::Status AllReduceSumOf(Transport& transport, const Group& group, T* data, s
   for (int m = 0; m < n; ++m) {
     if (m == me) continue;
     ASSIGN_OR_RETURN(Message message, ReceivePart(transport, group, m, timeout));
-    RETURN_IF_ERROR(CheckSize(message, my_count * sizeof(T)));
+    RETURN_IF_ERROR(CheckPart(message, sizeof(T), count, my_count));
     parts[m] = std::move(message.payload);
   }
   std::vector<T> sum(my_count, T{0});
@@ -78,7 +108,9 @@ absl::Status AllReduceSumOf(Transport& transport, const Group& group, T* data, s
     if (m != me) {
       // Copied out: a payload's bytes need not be aligned for T.
       part_values.resize(my_count);
-      if (my_count > 0) std::memcpy(part_values.data(), parts[m].data(), my_count * sizeof(T));
+      if (my_count > 0) {
+        std::memcpy(part_values.data(), parts[m].data() + kPartHeaderBytes, my_count * sizeof(T));
+      }
       part = part_values.data();
     }
     for (size_t k = 0; k < my_count; ++k) sum[k] += part[k];
@@ -87,14 +119,18 @@ absl::Status AllReduceSumOf(Transport& transport, const Group& group, T* data, s
   // All-gather: send the reduced chunk to everyone, receive theirs.
   for (int m = 0; m < n; ++m) {
     if (m == me) continue;
-    RETURN_IF_ERROR(transport.Send(group.ranks[m], kTagDense, ValuesToBytes(sum.data(), my_count)));
+    RETURN_IF_ERROR(
+        transport.Send(group.ranks[m], kTagDense, PartToBytes(sum.data(), my_count, count)));
   }
   for (int c = 0; c < n; ++c) {
     if (c == me) continue;
     const auto [begin, end] = Chunk(count, n, c);
     ASSIGN_OR_RETURN(Message message, ReceivePart(transport, group, c, timeout));
-    RETURN_IF_ERROR(CheckSize(message, (end - begin) * sizeof(T)));
-    if (end > begin) std::memcpy(data + begin, message.payload.data(), message.payload.size());
+    RETURN_IF_ERROR(CheckPart(message, sizeof(T), count, end - begin));
+    if (end > begin) {
+      std::memcpy(data + begin, message.payload.data() + kPartHeaderBytes,
+                  (end - begin) * sizeof(T));
+    }
   }
   return absl::OkStatus();
 }

@@ -306,6 +306,36 @@ TEST(CollectivesTest, MembersCallingWithDifferentTypesGetAClearError) {
   EXPECT_THAT(double_status.message(), testing::HasSubstr("different sizes or types"));
 }
 
+TEST(CollectivesTest, DifferentTypesOfTheSameByteLengthAreRefusedNotMixed) {
+  // 4 floats and 2 doubles split into parts of the same byte lengths: each part names its type
+  // and count, so both members fail instead of summing floats with doubles' bytes.
+  InProcessHub hub(2);
+  std::vector<float> floats = {1, 2, 3, 4};
+  std::vector<double> doubles = {3, 5};
+  absl::Status float_status, double_status;
+  std::thread other([&] {
+    float_status = AllReduceSum(hub.endpoint(0), Group{{0, 1}, 0}, floats.data(), floats.size(),
+                                absl::Seconds(10));
+  });
+  double_status = AllReduceSum(hub.endpoint(1), Group{{0, 1}, 1}, doubles.data(), doubles.size(),
+                               absl::Seconds(10));
+  other.join();
+  EXPECT_THAT(float_status.message(),
+              testing::HasSubstr("rank 1 reduces 2 double values, this member 4 float values"));
+  EXPECT_THAT(double_status.message(),
+              testing::HasSubstr("rank 0 reduces 4 float values, this member 2 double values"));
+  // Same type, different counts whose parts have the same length: refused too.
+  std::vector<float> three = {1, 2, 3}, four = {1, 2, 3, 4};
+  std::thread again([&] {
+    float_status = AllReduceSum(hub.endpoint(0), Group{{0, 1}, 0}, three.data(), three.size(),
+                                absl::Seconds(10));
+  });
+  const absl::Status four_status =
+      AllReduceSum(hub.endpoint(1), Group{{0, 1}, 1}, four.data(), four.size(), absl::Seconds(10));
+  again.join();
+  EXPECT_THAT(four_status.message(), testing::HasSubstr("rank 0 reduces 3 float values"));
+}
+
 TEST(CollectivesTest, AMemberThatDoesNotJoinIsNamedAndItsPeersPartIsVisible) {
   InProcessHub hub(3);
   std::vector<float> data(6, 1.0f);
