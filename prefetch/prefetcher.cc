@@ -229,7 +229,12 @@ std::string Prefetcher::UnjoinedAllReduce() {
     if (trainer < 0 || trainer >= layout_.trainers || trainer == trainer_) continue;
     waiting.push_back(absl::StrFormat("trainer %d (rank %d)", trainer, rank));
   }
-  if (waiting.empty()) return "that server died or hung";
+  // The server may be waiting itself: a fetch is answered once every trainer's write-backs up
+  // to its stamp are in, so one trainer stuck in its own code stalls the others' fetches.
+  if (waiting.empty()) {
+    return "that server died or hung, or it waits for the write-backs of another trainer that "
+           "went silent (stuck in its own loop, or dead)";
+  }
   const bool one = waiting.size() == 1;
   return absl::StrCat(
       absl::StrJoin(waiting, ", "), one ? " is" : " are",

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/tunables.h"
@@ -170,6 +171,14 @@ absl::Status StreamRows(Transport& transport, int destination, const RowStore& s
   return flush(true);
 }
 
+// A rank 0 keep-alive (ControlKind::kKeepAlive).
+bool IsKeepAlive(const Message& message) {
+  if (message.tag != kTagControl) return false;
+  ControlKind kind;
+  Bytes body;
+  return DecodeControl(message.payload, &kind, &body).ok() && kind == ControlKind::kKeepAlive;
+}
+
 }  // namespace
 
 absl::Status RunServer(Transport& transport, const JobLayout& layout, int server_index,
@@ -199,9 +208,14 @@ absl::Status RunServer(Transport& transport, const JobLayout& layout, int server
     }
     return absl::OkStatus();
   };
+  // When the last message that shows progress came: rank 0's keep-alives count only once every
+  // trainer is done (they bridge the wait for its parameter collection, which its caller may
+  // start late), so that they never hide a trainer that went silent.
+  absl::Time heard = absl::Now();
   while (!stop) {
     const absl::Duration timeout = checkpoint_phase ? checkpoint_timeout : options.peer_timeout;
-    absl::StatusOr<Message> message = transport.Receive(kAnySource, kAnyTag, timeout);
+    absl::StatusOr<Message> message = transport.Receive(
+        kAnySource, kAnyTag, std::max(heard + timeout - absl::Now(), absl::ZeroDuration()));
     if (!message.ok()) {
       if (absl::IsDeadlineExceeded(message.status())) {
         const std::string oldest = server.OldestWait();
@@ -216,6 +230,7 @@ absl::Status RunServer(Transport& transport, const JobLayout& layout, int server
     }
     const int source = message->source;
     const bool from_trainer = layout.RoleOf(source) == Role::kTrainer;
+    if (!IsKeepAlive(*message) || done == layout.trainers) heard = absl::Now();
     switch (message->tag) {
       case kTagWriteBack: {
         if (!from_trainer) return fail(absl::DataLossError("write-back from a non-trainer"));
@@ -265,6 +280,13 @@ absl::Status RunServer(Transport& transport, const JobLayout& layout, int server
             if (!sent.ok()) return fail(sent);
           }
           break;
+        }
+        if (kind == ControlKind::kKeepAlive) {
+          if (source != JobLayout::oracle_rank()) {
+            return fail(
+                absl::DataLossError(absl::StrCat("keep-alive from rank ", source, ", not rank 0")));
+          }
+          break;  // a message came: the wait for the next one starts again
         }
         checkpoint_phase = false;
         if (kind == ControlKind::kDone) {

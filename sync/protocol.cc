@@ -74,7 +74,7 @@ absl::Status DecodeControl(const Bytes& bytes, ControlKind* kind, Bytes* body) {
   RETURN_IF_ERROR(r.Get(&raw));
   RETURN_IF_ERROR(r.GetVector(body));
   RETURN_IF_ERROR(r.ExpectDone());
-  if (raw < 1 || raw > static_cast<uint32_t>(ControlKind::kShardDone)) {
+  if (raw < 1 || raw > static_cast<uint32_t>(ControlKind::kKeepAlive)) {
     return absl::DataLossError("control message: unknown kind");
   }
   *kind = static_cast<ControlKind>(raw);

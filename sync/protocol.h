@@ -8,7 +8,8 @@
 //   WriteBack      trainer -> server: records written back at the boundary of iteration `stamp`.
 //                  Sent at every boundary to every server, possibly empty: it is also the
 //                  trainer's watermark ("all my write-backs up to `stamp` are sent").
-//   Control        kDone (a trainer finished), kCollect/kRows (parameter collection), kStop;
+//   Control        kDone (a trainer finished), kCollect/kRows (parameter collection), kStop,
+//                  kKeepAlive (rank 0 between its oracle's end and the collection);
 //                  checkpoints (trainer_hooks/checkpoint.h): kCheckpoint / kRestore (rank 0 ->
 //                  server: write / load the shard at `path`, a ShardRequest) answered by
 //                  kShardDone (a ShardReply).
@@ -59,6 +60,7 @@ enum class ControlKind : uint32_t {
                     // up to `iteration` are applied
   kRestore = 7,     // rank 0 -> server: load your shard (a resumed job), before any fetch
   kShardDone = 8,   // server -> rank 0: the shard was written or loaded
+  kKeepAlive = 9,   // rank 0 -> server: rank 0 lives; its parameter collection is still to come
 };
 
 // Body of kCheckpoint and kRestore.

@@ -1,6 +1,7 @@
 #include "trainer_hooks/job.h"
 
 #include <algorithm>
+#include <exception>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -270,12 +271,25 @@ absl::StatusOr<std::shared_ptr<DeviceContext>> TrainerContext(Backend backend,
   return DeviceContext::Cuda(local % devices);
 }
 
-// Drives local trainer `local` of `job` with `loop` on the calling thread.
+// Drives local trainer `local` of `job` with `loop` on the calling thread. An exception out of
+// the loop fails the job like an error status (on a trainer's thread it would end the process,
+// with the oracle and servers still running).
 void RunLocalTrainer(Job& job, int local, const TrainLoop& loop) {
   Trainer& trainer = job.trainer(local);
   TrainerOutcome outcome;
   absl::Status status = trainer.context()->MakeCurrent();
-  if (status.ok()) status = loop(trainer, &outcome);
+  if (status.ok()) {
+    try {
+      status = loop(trainer, &outcome);
+    } catch (const std::exception& e) {
+      status = absl::InternalError(absl::StrCat(
+          "trainer ", trainer.id(), ": the training loop threw an exception: ", e.what()));
+    } catch (...) {
+      status = absl::InternalError(
+          absl::StrCat("trainer ", trainer.id(),
+                       ": the training loop threw an exception (not a std::exception)"));
+    }
+  }
   if (status.ok()) {
     (void)job.CompleteTrainer(local, std::move(outcome));
   } else {
@@ -376,8 +390,18 @@ absl::Status Job::StartRoles() {
         break;
       case Role::kOracle:
         StartRoleThread(rank, [this] {
-          return RunOracle(endpoint(0), options_.layout, *train_, eval_.get(),
-                           OracleOptionsOf(options_), &oracle_stats_);
+          RETURN_IF_ERROR(RunOracle(endpoint(0), options_.layout, *train_, eval_.get(),
+                                    OracleOptionsOf(options_), &oracle_stats_));
+          // Every plan is sent; the servers wait for Finish's collection, which the caller may
+          // start after work of its own: keep them from taking rank 0 for dead meanwhile.
+          const absl::Duration every = options_.peer_timeout / 4;
+          while (!collecting_.WaitForNotificationWithTimeout(every) && aborted().ok()) {
+            for (int s = 0; s < options_.layout.servers; ++s) {
+              RETURN_IF_ERROR(endpoint(0).Send(options_.layout.server_rank(s), kTagControl,
+                                               EncodeControl(ControlKind::kKeepAlive)));
+            }
+          }
+          return absl::OkStatus();
         });
         break;
       case Role::kTrainer:
@@ -421,6 +445,7 @@ Job::~Job() {
   if (!finished && aborted().ok()) {
     Abort(absl::CancelledError("the job was ended before it finished"));
   }
+  if (!collecting_.HasBeenNotified()) collecting_.Notify();
   JoinRoleThreads();
   trainers_.clear();  // their threads use the transport
   hub_.reset();
@@ -448,6 +473,7 @@ absl::Status Job::CompleteTrainer(int local, TrainerOutcome outcome) {
     entry.completed = true;
   }
   Trainer& trainer = *entry.trainer;
+  trainer.MarkCompleted();
   const absl::Status status = [&]() -> absl::Status {
     RETURN_IF_ERROR(trainer.Flush());  // no-op when the loop flushed already
     // Evaluation batches the loop did not take would hold the oracle's plan credits.
@@ -481,7 +507,9 @@ absl::Status Job::Finish(const ParamSink& sink, JobResult* result) {
   }
   absl::Status gather = absl::OkStatus();
   if (rank() == 0) {
-    // The oracle's thread ends once every plan is sent; then rank 0 gathers.
+    // The oracle's thread ends once every plan is sent (and, with the notification, stops its
+    // keep-alives); then rank 0 gathers.
+    collecting_.Notify();
     for (RoleThread& role : role_threads_) {
       if (role.rank == 0 && role.thread.joinable()) role.thread.join();
     }

@@ -32,6 +32,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "core/device.h"
 #include "data/source.h"
 #include "nlohmann/json.hpp"
@@ -184,6 +185,10 @@ class Job {
   mutable absl::Mutex mu_;
   std::vector<absl::Status> role_statuses_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // Rank 0: notified when Finish starts the parameter collection (or the job ends). Until then,
+  // once its oracle is done, rank 0 sends the servers keep-alives, so that a caller's work
+  // between the trainers' end and Finish does not look like a dead rank to them.
+  absl::Notification collecting_;
 };
 
 // Runs every role as a thread of this process (a Job with one thread per trainer running

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <thread>
@@ -377,8 +379,32 @@ class Trainer::Impl {
     return absl::OkStatus();
   }
 
+  // A NaN or infinite gradient would be applied to rows on the servers, which every later lookup
+  // of every trainer reads: refused before anything changes (the iteration stays open). Host
+  // memory the caller wrote already only: on CUDA, or with asynchronous CPU streams (where the
+  // compute stream may still be writing it), the check would cost a synchronisation.
+  absl::Status CheckFinite(const char* what, const float* grad, int64_t rows, int64_t row_floats,
+                           const char* row_name) const {
+    if (grad == nullptr || context_->is_cuda() || context_->is_asynchronous()) {
+      return absl::OkStatus();
+    }
+    const int64_t count = rows * row_floats;
+    for (int64_t i = 0; i < count; ++i) {
+      if (!std::isfinite(grad[i])) [[unlikely]] {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": ", row_name, " ", i / row_floats, ", float ", i % row_floats, " is ",
+            std::isnan(grad[i]) ? "nan" : (grad[i] > 0 ? "inf" : "-inf"),
+            ": a non-finite gradient would corrupt the embedding rows (nothing was applied; the "
+            "iteration is still open); if the training diverged, lower the learning rate"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status EndIteration(const float* pooled_grad) {
     if (!in_iteration_) return absl::FailedPreconditionError("EndIteration without BeginIteration");
+    RETURN_IF_ERROR(CheckFinite("EndIteration: pooled_grad", pooled_grad, batch_.num_samples,
+                                static_cast<int64_t>(batch_.num_tables) * dim_, "sample"));
     const size_t row_floats = static_cast<size_t>(batch_.num_unique) * dim_;
     RETURN_IF_ERROR(row_grads_.Reserve(context_, row_floats, row_floats + row_floats / 2));
     RETURN_IF_ERROR(clock_.Begin(kReducePhase, Stream::kCompute));
@@ -389,16 +415,42 @@ class Trainer::Impl {
 
   absl::Status EndIterationWithRowGradients(const float* row_grads) {
     if (!in_iteration_) return absl::FailedPreconditionError("EndIteration without BeginIteration");
+    if (row_grads == nullptr && batch_.num_unique > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("EndIterationWithRowGradients: row_grads is "
+                       "null (",
+                       batch_.num_unique, " unique rows)"));
+    }
+    RETURN_IF_ERROR(CheckFinite("EndIterationWithRowGradients: row_grads", row_grads,
+                                batch_.num_unique, dim_, "unique row"));
     return FinishIteration(row_grads);
+  }
+
+  void MarkCompleted() { completed_.store(true); }
+
+  // The checks every all-reduce makes before it waits for its peers.
+  absl::Status CheckAllReduce(const char* what, const void* data, size_t count) const {
+    if (completed_.load()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, " after trainer ", id(),
+                       " was completed (Job::CompleteTrainer): its peers are "
+                       "gone"));
+    }
+    if (data == nullptr && count > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": data is null (count ", count, ")"));
+    }
+    return absl::OkStatus();
   }
 
   template <typename T>
   absl::Status AllReduce(T* data, size_t count) {
+    RETURN_IF_ERROR(CheckAllReduce("AllReduce", data, count));
     ScopedTimer timer(&stats_.allreduce_seconds);
     return AllReduceSum(transport_, trainer_group(), data, count, options_.peer_timeout);
   }
 
   absl::Status AllReduceDevice(float* data, size_t count) {
+    RETURN_IF_ERROR(CheckAllReduce("AllReduceDevice", data, count));
     if (layout_.trainers <= 1) {
       stats_.dense_allreduce = "none";
       return absl::OkStatus();
@@ -1028,6 +1080,7 @@ class Trainer::Impl {
   bool after_checkpoint_ = false;
   bool stop_forwarded_ = false;
   bool flushed_ = false;
+  std::atomic<bool> completed_{false};  // MarkCompleted: the trainer's part is over
   bool eval_done_ = false;
   std::deque<LaterExchange> later_;
 
@@ -1076,6 +1129,7 @@ absl::StatusOr<Iteration> Trainer::FirstIteration() { return impl_->FirstIterati
 const std::shared_ptr<DeviceContext>& Trainer::context() const { return impl_->context(); }
 absl::Status Trainer::SetExternalStream(void* stream) { return external_->Set(stream); }
 absl::StatusOr<bool> Trainer::BeginIteration(LocalBatch* batch) {
+  if (batch == nullptr) return absl::InvalidArgumentError("BeginIteration: batch is null");
   ASSIGN_OR_RETURN(const bool more, impl_->BeginIteration(batch));
   if (more) RETURN_IF_ERROR(external_->ExternalWaitsForCompute());
   return more;
@@ -1111,11 +1165,13 @@ absl::Status Trainer::AllReduceDevice(float* data, size_t count) {
 }
 absl::Status Trainer::Flush() { return impl_->Flush(); }
 absl::StatusOr<bool> Trainer::BeginEvalBatch(LocalBatch* batch) {
+  if (batch == nullptr) return absl::InvalidArgumentError("BeginEvalBatch: batch is null");
   ASSIGN_OR_RETURN(const bool more, impl_->BeginEvalBatch(batch));
   if (more) RETURN_IF_ERROR(external_->ExternalWaitsForCompute());
   return more;
 }
 EmbeddingCache& Trainer::cache() { return impl_->cache(); }
 TrainerStats Trainer::stats() const { return impl_->stats(); }
+void Trainer::MarkCompleted() { impl_->MarkCompleted(); }
 
 }  // namespace bagpipe

@@ -199,7 +199,8 @@ class Trainer {
   const std::shared_ptr<DeviceContext>& context() const;
 
   // Waits for the next iteration and prepares it (see the file comment). Returns false when the
-  // training stream has ended.
+  // training stream has ended. Every pointer argument below must be non-null where it is read
+  // (INVALID_ARGUMENT otherwise; an all-reduce of count 0 reads nothing).
   absl::StatusOr<bool> BeginIteration(LocalBatch* batch);
   // Pooled (sum) embeddings of the current batch, [num_samples x num_tables x dim], in memory
   // owned by the trainer (valid until the next BeginIteration).
@@ -241,6 +242,10 @@ class Trainer {
 
   EmbeddingCache& cache();
   TrainerStats stats() const;
+
+  // Job::CompleteTrainer calls it once the trainer's part is over: a later all-reduce fails at
+  // once (FAILED_PRECONDITION) rather than waiting --peer-timeout for members that are gone.
+  void MarkCompleted();
 
  private:
   class Impl;

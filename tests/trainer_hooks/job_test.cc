@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <cmath>
+#include <limits>
+#include <stdexcept>
 #include <thread>
 
 #include "core/status.h"
@@ -256,6 +258,138 @@ TEST(JobTest, MismatchedOptionsAndMisuseAreClearErrors) {
   ASSERT_TRUE(own.ok());
   EXPECT_EQ(std::vector<float>(*own, *own + into.size()), into);
   (*job)->Abort(absl::CancelledError("test over"));
+}
+
+}  // namespace
+}  // namespace bagpipe
+
+namespace bagpipe {
+namespace {
+
+TEST(JobTest, AnExceptionOutOfTheLoopFailsTheJobWithItsMessage) {
+  // On a trainer's thread an escaping exception would end the process (std::terminate) with
+  // the oracle and the servers still running.
+  const JobConfig config = SmallConfig(2, CachePolicy::kOracle);
+  auto data = OpenJobData(config, true);
+  ASSERT_TRUE(data.ok());
+  auto options = config.Resolve(data->schema);
+  ASSERT_TRUE(options.ok());
+  const TrainLoop loop = [](Trainer& trainer, TrainerOutcome* outcome) -> absl::Status {
+    if (trainer.id() == 1) throw std::runtime_error("the loop's own bug");
+    return SumLoop(trainer, outcome);
+  };
+  JobResult result;
+  Stopwatch watch;
+  const absl::Status status =
+      RunEmbeddedJob(*options, std::move(data->train), nullptr, loop, ParamSink{}, &result);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("trainer 1: the training loop threw an exception: the loop's own bug"));
+  EXPECT_LT(watch.Seconds(), 30.0) << "the job waited for a peer timeout (60 s)";
+}
+
+TEST(JobTest, NullBuffersAndAllReducesAfterCompletionAreRefusedAtOnce) {
+  JobConfig config = SmallConfig(1, CachePolicy::kOracle);
+  auto data = OpenJobData(config, true);
+  ASSERT_TRUE(data.ok());
+  auto options = config.Resolve(data->schema);
+  ASSERT_TRUE(options.ok());
+  auto job = Job::Start(*options, std::move(data->train), nullptr);
+  ASSERT_TRUE(job.ok());
+  Trainer& trainer = (*job)->trainer(0);
+  EXPECT_EQ(trainer.BeginIteration(nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(trainer.AllReduce(static_cast<float*>(nullptr), 4).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(trainer.AllReduce(static_cast<double*>(nullptr), 4).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(trainer.AllReduceDevice(nullptr, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(trainer.AllReduce(static_cast<float*>(nullptr), 0).ok());  // reads nothing
+  LocalBatch batch;
+  ASSERT_TRUE(*trainer.BeginIteration(&batch));
+  ASSERT_GT(batch.num_unique, 0);
+  EXPECT_EQ(trainer.EndIterationWithRowGradients(nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  // The iteration is still open: it ends normally.
+  std::vector<float> grad(static_cast<size_t>(batch.num_samples) * batch.num_tables * 4, 0.0f);
+  ASSERT_TRUE(trainer.EndIteration(grad.data()).ok());
+  TrainerOutcome outcome;
+  ASSERT_TRUE(SumLoop(trainer, &outcome).ok());
+  ASSERT_TRUE((*job)->CompleteTrainer(0, outcome).ok());
+  // Its part is over: an all-reduce fails now instead of waiting --peer-timeout (60 s).
+  Stopwatch watch;
+  float value = 1;
+  const absl::Status late = trainer.AllReduce(&value, 1);
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_THAT(std::string(late.message()), HasSubstr("was completed"));
+  EXPECT_LT(watch.Seconds(), 5.0);
+  JobResult result;
+  EXPECT_TRUE((*job)->Finish(ParamSink{}, &result).ok());
+}
+
+TEST(JobTest, WorkBetweenTheTrainersEndAndFinishDoesNotTimeTheServersOut) {
+  // The caller saves a model or computes metrics after its trainers completed: the servers,
+  // waiting for Finish's collection, hear rank 0's keep-alives instead of giving it up after
+  // --peer-timeout of silence.
+  JobConfig config = SmallConfig(2, CachePolicy::kOracle);
+  config.peer_timeout = absl::Seconds(1);
+  auto data = OpenJobData(config, true);
+  ASSERT_TRUE(data.ok());
+  auto options = config.Resolve(data->schema);
+  ASSERT_TRUE(options.ok());
+  auto job = Job::Start(*options, std::move(data->train), nullptr);
+  ASSERT_TRUE(job.ok());
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> statuses(2);
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      TrainerOutcome outcome;
+      const absl::Status status = SumLoop((*job)->trainer(i), &outcome);
+      statuses[i] = status.ok() ? (*job)->CompleteTrainer(i, outcome) : status;
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const absl::Status& status : statuses) ASSERT_TRUE(status.ok()) << status;
+  absl::SleepFor(absl::Seconds(3));  // three peer timeouts of the caller's own work
+  JobResult result;
+  const absl::Status status = (*job)->Finish(ParamSink{}, &result);
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_GT(result.parameter_rows, 0);
+}
+
+}  // namespace
+}  // namespace bagpipe
+
+namespace bagpipe {
+namespace {
+
+TEST(JobTest, ANonFiniteGradientIsRefusedAndTheIterationStaysOpen) {
+  JobConfig config = SmallConfig(1, CachePolicy::kOracle);
+  auto data = OpenJobData(config, true);
+  ASSERT_TRUE(data.ok());
+  auto options = config.Resolve(data->schema);
+  ASSERT_TRUE(options.ok());
+  auto job = Job::Start(*options, std::move(data->train), nullptr);
+  ASSERT_TRUE(job.ok());
+  Trainer& trainer = (*job)->trainer(0);
+  LocalBatch batch;
+  ASSERT_TRUE(*trainer.BeginIteration(&batch));
+  const size_t per_sample = static_cast<size_t>(batch.num_tables) * 4;
+  std::vector<float> grad(static_cast<size_t>(batch.num_samples) * per_sample, 0.0f);
+  grad[2 * per_sample + 5] = std::numeric_limits<float>::quiet_NaN();
+  absl::Status refused = trainer.EndIteration(grad.data());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("sample 2, float 5 is nan"));
+  std::vector<float> rows(static_cast<size_t>(batch.num_unique) * 4, 0.0f);
+  rows[7] = -std::numeric_limits<float>::infinity();
+  refused = trainer.EndIterationWithRowGradients(rows.data());
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("unique row 1, float 3 is -inf"));
+  // Nothing was applied: the iteration ends with finite gradients and the job trains on.
+  grad[2 * per_sample + 5] = 0.0f;
+  ASSERT_TRUE(trainer.EndIteration(grad.data()).ok());
+  TrainerOutcome outcome;
+  ASSERT_TRUE(SumLoop(trainer, &outcome).ok());
+  ASSERT_TRUE((*job)->CompleteTrainer(0, outcome).ok());
+  JobResult result;
+  EXPECT_TRUE((*job)->Finish(ParamSink{}, &result).ok());
 }
 
 }  // namespace
