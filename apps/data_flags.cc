@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "apps/command.h"
+#include "core/excerpt.h"
 #include "core/progress.h"
 #include "data/synthetic.h"
 
@@ -58,11 +59,30 @@ namespace {
 
 // "" when `value` is a decimal number as a person writes it (an optional sign, digits with an
 // optional fraction and exponent, or a spelled inf/nan that the range checks then refuse);
-// otherwise what is wrong with it. `integer`: a leading zero is refused too (C reads 010 as 8).
-std::string DecimalNumberError(const std::string& value, bool integer) {
+// otherwise what is wrong with it. `integer`: an optional sign and digits only, without a
+// leading zero (C reads 010 as 8), within the 64-bit range (`is_unsigned`: [0, 2^64 - 1], else
+// [-2^63, 2^63 - 1]; CLI11 would clamp or wrap a larger one), so an error names the value given.
+std::string DecimalNumberError(const std::string& value, bool integer, bool is_unsigned) {
   if (value.empty()) return "an empty value is not a number";
   const size_t at = value[0] == '-' || value[0] == '+' ? 1 : 0;
   const absl::string_view body = absl::string_view(value).substr(at);
+  if (integer) {
+    if (body.empty() || body.find_first_not_of("0123456789") != absl::string_view::npos) {
+      return absl::StrCat("'", Excerpt(value), "' is not an integer");
+    }
+    if (body.size() > 1 && body[0] == '0') {
+      return absl::StrCat("'", value, "': a leading 0 would read as octal; write it in decimal");
+    }
+    int64_t signed_value = 0;
+    uint64_t unsigned_value = 0;
+    const bool fits = is_unsigned ? value[0] != '-' && absl::SimpleAtoi(value, &unsigned_value)
+                                  : absl::SimpleAtoi(value, &signed_value);
+    if (!fits) {
+      return absl::StrCat("'", value, "' is out of range (",
+                          is_unsigned ? "[0, 2^64 - 1]" : "[-2^63, 2^63 - 1]", ")");
+    }
+    return "";
+  }
   if (!integer && (absl::EqualsIgnoreCase(body, "inf") || absl::EqualsIgnoreCase(body, "nan") ||
                    absl::EqualsIgnoreCase(body, "infinity"))) {
     return "";
@@ -81,10 +101,14 @@ std::string DecimalNumberError(const std::string& value, bool integer) {
 void RequireDecimalNumbers(CLI::App* app) {
   for (CLI::Option* option : app->get_options()) {
     const std::string type = option->get_type_name();
-    const bool integer = absl::StartsWith(type, "INT") || absl::StartsWith(type, "UINT");
+    const bool is_unsigned = absl::StartsWith(type, "UINT");
+    const bool integer = absl::StartsWith(type, "INT") || is_unsigned;
     if (!integer && !absl::StartsWith(type, "FLOAT")) continue;
     option->check(CLI::Validator(
-        [integer](std::string& value) { return DecimalNumberError(value, integer); }, ""));
+        [integer, is_unsigned](std::string& value) {
+          return DecimalNumberError(value, integer, is_unsigned);
+        },
+        ""));
   }
   for (CLI::App* sub : app->get_subcommands([](CLI::App*) { return true; })) {
     RequireDecimalNumbers(sub);

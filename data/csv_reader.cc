@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "core/excerpt.h"
+#include "core/numbers.h"
 #include "core/status.h"
 
 namespace bagpipe {
@@ -210,7 +211,7 @@ absl::Status ParseLabel(absl::string_view value, absl::string_view clause, const
                                                    "' (expected >, >=, <, <= or ==)"));
   }
   const absl::string_view threshold = absl::StripAsciiWhitespace(value.substr(op_end));
-  if (!absl::SimpleAtod(threshold, &spec->threshold)) {
+  if (!ParseDecimalDouble(threshold, &spec->threshold)) {
     return absl::InvalidArgumentError(absl::StrCat("csv spec clause '", Excerpt(clause, 200),
                                                    "': unparsable number '", Excerpt(threshold),
                                                    "' after '", Excerpt(op), "'"));
@@ -272,6 +273,16 @@ absl::StatusOr<Spec> ParseSpec(absl::string_view text, const Header& header) {
           }
           name = absl::StripAsciiWhitespace(args.substr(0, comma));
           sparse.separator = std::string(args.substr(comma + 1));
+          // One character, not one the spec's own syntax uses: "split(genres,|,userId)" is a
+          // misplaced comma (a column lost inside the separator), not the separator "|,userId".
+          if (sparse.separator.size() != 1 ||
+              absl::StrContains(",;()\"' \t", sparse.separator[0])) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "csv spec clause '", Excerpt(clause, 200), "': '", Excerpt(item),
+                "': the separator must be one character other than , ; ( ) quotes and spaces "
+                "(got '",
+                Excerpt(sparse.separator), "')"));
+          }
         }
         ASSIGN_OR_RETURN(sparse.column, FindColumn(header, name, clause));
         spec.sparse.push_back(sparse);

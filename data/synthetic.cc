@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/excerpt.h"
+#include "core/numbers.h"
 #include "core/random.h"
 #include "core/status.h"
 #include "tbb/blocked_range.h"
@@ -326,12 +327,12 @@ absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
       }
       explicit_rows = true;
     } else if (key == "scale") {
-      if (!absl::SimpleAtod(value, &scale) || !(scale > 0) || !std::isfinite(scale)) {
+      if (!ParseDecimalDouble(value, &scale) || !(scale > 0) || !std::isfinite(scale)) {
         return absl::InvalidArgumentError(
             absl::StrCat("synthetic: scale=", Excerpt(value), " must be a finite positive number"));
       }
     } else if (key == "alpha") {
-      if (!absl::SimpleAtod(value, &config.alpha) || !(config.alpha > 0) || config.alpha > 10) {
+      if (!ParseDecimalDouble(value, &config.alpha) || !(config.alpha > 0) || config.alpha > 10) {
         return absl::InvalidArgumentError(
             absl::StrCat("synthetic: alpha=", Excerpt(value), " must be a number in (0, 10]"));
       }
@@ -370,8 +371,13 @@ absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
             absl::StrCat("synthetic: drift=", Excerpt(value), " must be >= 0"));
       }
     } else if (key == "seed") {
-      ASSIGN_OR_RETURN(const int64_t seed, ParseInt(key, value));
-      config.seed = static_cast<uint64_t>(seed);
+      // The whole uint64 range, and only it (-1 is not 2^64 - 1).
+      uint64_t seed = 0;
+      if (value.empty() || value[0] == '-' || !absl::SimpleAtoi(value, &seed)) {
+        return absl::InvalidArgumentError(absl::StrCat("synthetic: seed=", Excerpt(value),
+                                                       " is not an integer in [0, 2^64 - 1]"));
+      }
+      config.seed = seed;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "synthetic: unknown key '", Excerpt(key),

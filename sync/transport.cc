@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "core/excerpt.h"
+#include "core/numbers.h"
 
 namespace bagpipe {
 
@@ -132,7 +133,7 @@ absl::StatusOr<LinkModel> LinkModel::Parse(const std::string& text) {
       // Every message's transfer time is computed from it, and ToString scales it: from 1 bit/s
       // (a denormal one gives infinite transfer times) to 1e9 Gbit/s ("inf" and "3e307B/s"
       // overflow).
-      if (!absl::SimpleAtod(number, &value)) break;
+      if (!ParseDecimalDouble(number, &value)) break;
       link.bytes_per_second = value * unit.bytes_per_second;
       if (!(link.bytes_per_second >= 1.0 / 8 && link.bytes_per_second <= 1e18 / 8)) break;
       parsed = true;

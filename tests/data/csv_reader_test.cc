@@ -187,6 +187,14 @@ TEST(CsvReaderTest, SpecErrors) {
   EXPECT_THAT(status.message(), HasSubstr("column spec is required"));
   status = error("label=rating; sparse=split(genres)");
   EXPECT_THAT(status.message(), HasSubstr("split(COLUMN,SEPARATOR)"));
+  // A misplaced comma or parenthesis is not taken into a longer separator (which would drop a
+  // column silently): the separator is one character outside the spec's syntax.
+  for (const char* bad : {"split(genres,|,userId)", "split(genres,(|)", "split(genres,\"|\")",
+                          "split(genres,||)", "split(genres,;)"}) {
+    status = error(absl::StrCat("label=rating>3.5; sparse=", bad));
+    EXPECT_THAT(status.message(), HasSubstr("the separator must be one character")) << bad;
+  }
+  EXPECT_TRUE(error("label=rating>3.5; sparse=split(genres,/)").ok());
 }
 
 TEST(CsvReaderTest, ASpecNamingADuplicatedColumnIsAmbiguous) {
