@@ -1,9 +1,12 @@
 // bagpipe: one binary for every role and tool. See README.md ("The main job").
 #include <csignal>
 #include <cstdio>
+#include <iostream>
 #include <new>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -43,13 +46,17 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; a usage error (an unknown flag, a bad value) exits 2, as
     // bagpipe.parse_train_args and most tools do, rather than with CLI11's own codes (100+).
-    const int status = root.exit(e);
+    // Its message echoes the value given: control characters are escaped (a terminal would act
+    // on them), as in every other error.
+    std::ostringstream errors;
+    const int status = root.exit(e, std::cout, errors);
+    std::fputs(bagpipe::Printable(errors.str(), /*keep_newlines=*/true).c_str(), stderr);
     return status == 0 ? 0 : 2;
   }
   bagpipe::LogLevel level;
   if (!bagpipe::ParseLogLevel(log_level, &level)) {
     std::fprintf(stderr, "bagpipe: error: --log-level '%s' is not debug, info, warning or error\n",
-                 log_level.c_str());
+                 bagpipe::Printable(log_level).c_str());
     return 2;
   }
   bagpipe::SetLogLevel(level);
@@ -62,6 +69,12 @@ int main(int argc, char** argv) {
       // An allocation the up-front estimates did not foresee (e.g. under a memory limit).
       status = absl::ResourceExhaustedError(
           "out of memory (lower the sizes: --cache-rows, --lookahead, --batch-size, --dim)");
+    } catch (const std::system_error& e) {
+      // A thread the job could not start (a process or memory limit).
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("cannot start a thread (", e.what(),
+                       "): lower --trainers or --servers, or raise the process limits "
+                       "(ulimit -u, ulimit -v)"));
     } catch (const std::length_error& e) {
       status = absl::ResourceExhaustedError(
           absl::StrCat("a size too large to allocate (", e.what(),

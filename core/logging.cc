@@ -9,6 +9,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
+#include "core/excerpt.h"
 
 namespace bagpipe {
 namespace {
@@ -82,8 +83,9 @@ LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(leve
 }
 
 LogMessage::~LogMessage() {
-  stream_ << '\n';
-  const std::string text = stream_.str();
+  // Messages echo paths and values from the command line and the data: their control characters
+  // are escaped (a terminal would act on them), their line breaks kept.
+  const std::string text = Printable(stream_.str(), /*keep_newlines=*/true) + '\n';
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(STDERR_FILENO, text.data() + done, text.size() - done);
