@@ -21,6 +21,7 @@
 #include "sync/mpi_transport.h"
 #include "trainer_hooks/checkpoint.h"
 #include "trainer_hooks/job.h"
+#include "trainer_hooks/job_limits.h"
 
 namespace bagpipe {
 namespace {
@@ -37,12 +38,12 @@ void SetCheckpointIdentity(const TrainFlags& flags, const DlrmLoopOptions& loop,
     dense_optimizer["eps"] = dense.eps;
     dense_optimizer["initial accumulator"] = dense.initial_accumulator;
   }
-  checkpoint->identity = {
+  checkpoint->identity.update({
       {"--batch-size", flags.config.batch_size},
       {"--model", flags.model},
       {"--eval-fraction", flags.config.eval_fraction},
       {"dense optimizer", std::move(dense_optimizer)},
-  };
+  });
   if (loop.head == DenseHeadKind::kDlrm) {
     checkpoint->identity["--bottom"] = FormatLayers(loop.model.bottom);
     checkpoint->identity["--top"] = FormatLayers(loop.model.top);
@@ -119,6 +120,20 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
     loop.head = DenseHeadKind::kLogReg;
   } else if (flags.model == "dlrm") {
     RETURN_IF_ERROR(ValidateDenseModelConfig(loop.model));
+    // Every trainer of this process holds a replica: refused before allocating when they could
+    // not fit (a typo in --bottom or --top asks for tens of GB).
+    const int replicas = mpi == nullptr ? layout.trainers : 1;
+    const int64_t local_batch = (config.batch_size + layout.trainers - 1) / layout.trainers;
+    const double bytes = replicas * EstimateDenseModelBytes(loop.model, local_batch);
+    const double memory = static_cast<double>(PhysicalMemoryBytes());
+    if (memory > 0 && bytes > memory / 2) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--bottom %s --top %s: the dense model would take about %.1f GB (%d replica(s) with "
+          "their gradients, optimizer state and activations), more than half of this "
+          "machine's %.1f GB of memory",
+          FormatLayers(loop.model.bottom), FormatLayers(loop.model.top), bytes / 1e9, replicas,
+          memory / 1e9));
+    }
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--model '", flags.model, "': expected dlrm or logreg"));

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/excerpt.h"
+#include "core/metrics.h"
 #include "core/status.h"
 #include "trainer_hooks/checkpoint.h"
 
@@ -107,7 +108,9 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
   app->add_option("--servers,-S", config.servers, "embedding servers")
       ->capture_default_str()
       ->check(kPositive);
-  app->add_option("--device", flags->device, "cpu or cuda")->capture_default_str();
+  app->add_option("--device", flags->device,
+                  "cpu, cuda, or auto (cuda where a GPU is usable, else cpu)")
+      ->capture_default_str();
   app->add_option("--server-link", flags->server_link,
                   "embedded only: emulate this network link to the servers, e.g. "
                   "\"25Gbit/s,20us\" (none: memory speed)")
@@ -150,6 +153,17 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
   app->add_option("--resume", config.resume,
                   "resume from DIR (its latest complete checkpoint) or DIR/ckpt-K; implies "
                   "--checkpoint-dir DIR and the checkpoint's --checkpoint-every unless given");
+  // A path or spec given empty (a script's unset variable: --resume "$CKPT") is refused rather
+  // than taken for "not given": a resume would silently train from scratch.
+  const CLI::Validator not_empty(
+      [](std::string& value) -> std::string {
+        return value.empty() ? "an empty value (an unset variable?) names nothing" : "";
+      },
+      "");
+  for (const char* name : {"--server-link", "--metrics-out", "--summary-json", "--dump-params",
+                           "--out", "--checkpoint-dir", "--resume"}) {
+    app->get_option(name)->check(not_empty);
+  }
 }
 
 namespace {
@@ -180,7 +194,7 @@ absl::Status OutputsOutsideCheckpoints(const TrainFlags& flags) {
     // --resume DIR/ckpt-K writes next to it, in DIR.
     std::error_code error;
     if (std::filesystem::exists(std::filesystem::path(config.resume) / kManifestName, error)) {
-      dirs.push_back(std::filesystem::path(config.resume).parent_path().string());
+      dirs.push_back(CheckpointParent(config.resume));
     }
   }
   const std::pair<const char*, const std::string*> outputs[] = {
@@ -244,6 +258,16 @@ absl::Status FinishTrainFlags(TrainFlags* flags) {
                                                        "': each would overwrite the other"));
       }
     }
+  }
+  // The summary is written after the training: its directory is made now (as --out's and
+  // --dump-params' are), and a path it cannot take fails now, not then.
+  if (!flags->summary_json.empty()) {
+    const std::filesystem::path parent = std::filesystem::path(flags->summary_json).parent_path();
+    std::error_code error;
+    if (!parent.empty() && !std::filesystem::exists(parent, error)) {
+      std::filesystem::create_directories(parent, error);
+    }
+    RETURN_IF_ERROR(CheckOutputFile(flags->summary_json, "--summary-json"));
   }
   config.data = flags->data.data;
   config.source = flags->data.options;

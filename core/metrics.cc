@@ -11,20 +11,36 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/atomic_file.h"
+#include "core/excerpt.h"
 #include "core/json_fields.h"
 #include "core/status.h"
 
 namespace bagpipe {
 
+absl::Status CheckOutputFile(const std::string& path, absl::string_view what) {
+  const std::filesystem::path p(path);
+  const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  std::error_code error;
+  if (std::filesystem::is_directory(p, error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write ", what, " '", Printable(path), "': it is a directory"));
+  }
+  if (!std::filesystem::is_directory(dir, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot write ", what, " '", Printable(path), "': '", Printable(dir), "' is ",
+        std::filesystem::exists(dir, error) ? "not a directory" : "no directory (create it)"));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot write ", what, " '", Printable(path),
+                                                   "': its directory: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<JsonLinesWriter>> JsonLinesWriter::Open(const std::string& path) {
   std::unique_ptr<JsonLinesWriter> writer(new JsonLinesWriter(path));
   if (path == "-") return writer;
-  const std::filesystem::path p(path);
-  const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot write metrics file '", path,
-                                                   "': its directory: ", std::strerror(errno)));
-  }
+  RETURN_IF_ERROR(CheckOutputFile(path, "metrics file"));
   return writer;
 }
 

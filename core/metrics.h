@@ -23,6 +23,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace bagpipe {
@@ -63,6 +64,10 @@ class JsonLinesWriter {
   int64_t size_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of complete lines in the file
   std::vector<std::string> stale_on_fresh_start_;
 };
+
+// Checks, without touching it, that the file `path` (`what` names it in the message, e.g.
+// "summary file") can be written: its directory exists and is writable, and it is no directory.
+absl::Status CheckOutputFile(const std::string& path, absl::string_view what);
 
 // Writes `value` to `path` as pretty-printed JSON (summaries), atomically: the file holds its
 // old or its new contents whatever happens to the process.

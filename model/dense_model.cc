@@ -302,6 +302,23 @@ absl::Status ValidateDenseModelConfig(const DenseModelConfig& c) {
   return absl::OkStatus();
 }
 
+double EstimateDenseModelBytes(const DenseModelConfig& c, int64_t samples) {
+  double parameters = 0;
+  double widths = 0;  // activations per sample, every layer's input and output
+  auto layer = [&](double in, double out) {
+    parameters += in * out + out;
+    widths += in + out;
+  };
+  for (size_t i = 0; i + 1 < c.bottom.size(); ++i) layer(c.bottom[i], c.bottom[i + 1]);
+  double in = InteractionFeatures(c.num_tables, c.dim);
+  for (int out : c.top) {
+    layer(in, out);
+    in = out;
+  }
+  const double copies = c.optimizer.kind != OptimizerKind::kSgd ? 4 : 3;
+  return sizeof(float) * (copies * parameters + 2.0 * static_cast<double>(samples) * widths);
+}
+
 DenseModel::DenseModel(std::shared_ptr<DeviceContext> context, DenseModelConfig config)
     : context_(std::move(context)), config_(std::move(config)) {}
 

@@ -71,6 +71,11 @@ struct DenseModelConfig {
 // Checks a configuration; the messages name the offending field ("bottom layers: last size 32
 // must equal the embedding dim 16").
 absl::Status ValidateDenseModelConfig(const DenseModelConfig& config);
+// Bytes one replica of the model takes with a local batch of `samples`: parameters, gradients,
+// optimizer state and the host copy made at creation, and the activations of forward and
+// backward. For refusing shapes that cannot fit before allocating them (a typo such as
+// --bottom 13-100000000-16 asks for tens of GB). REQUIRES: ValidateDenseModelConfig passed.
+double EstimateDenseModelBytes(const DenseModelConfig& config, int64_t samples);
 
 // Features the dot interaction produces: dim + (T + 1) T / 2.
 int InteractionFeatures(int num_tables, int dim);

@@ -255,6 +255,14 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
                      model->ForwardBackward(batch.dense, pooled, batch.labels, batch.num_samples,
                                             loss_scale, pooled_grad.data()));
     RETURN_IF_ERROR(forward_backward_events.End());
+    // Diverged: said as such here, before the runtime refuses the non-finite gradients that come
+    // with a non-finite loss (its message names the gradient, not the cause).
+    if (!std::isfinite(loss)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "training diverged: the loss at iteration %d is %f (not finite); lower the learning "
+          "rate (--lr, --dense-lr) or scale extreme dense values (e.g. log(C))",
+          first_iteration + iterations + 1, loss));
+    }
     // Dense gradients stay in device memory: NCCL on GPUs, the Transport all-reduce on CPUs.
     RETURN_IF_ERROR(trainer.AllReduceDevice(model->gradients(), model->num_parameters()));
     RETURN_IF_ERROR(optimizer_events.Begin());

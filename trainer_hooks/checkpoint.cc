@@ -127,6 +127,13 @@ std::vector<std::pair<Iteration, std::string>> ListCheckpoints(const std::string
   return list;
 }
 
+std::string CheckpointParent(const std::string& checkpoint) {
+  std::string path = checkpoint;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const std::string parent = fs::path(path).parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
   std::error_code error;
   if (!fs::is_directory(path, error)) {

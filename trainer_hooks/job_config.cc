@@ -230,13 +230,20 @@ absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_si
   checkpoint.every = checkpoint_every;
   checkpoint.keep = keep_checkpoints;
   checkpoint.resume = resume;
+  // The training stream, where the options name it whole: a resume reading another stream (other
+  // synthetic data, fewer samples, other CSV columns) would not continue the checkpointed job,
+  // and only the batches up to the checkpoint are checked. A file's path is not recorded (data
+  // may move).
+  checkpoint.identity["--max-samples"] = source.max_samples;
+  if (!source.schema.empty()) checkpoint.identity["--schema"] = source.schema;
+  if (absl::StartsWith(data, "synthetic")) checkpoint.identity["--data"] = data;
   if (!resume.empty() && checkpoint.dir.empty()) {
     // --resume alone goes on writing to the directory it resumes from, every as many iterations
     // as the checkpoint's job did.
     namespace fs = std::filesystem;
     std::error_code error;
     const bool is_checkpoint = fs::exists(fs::path(resume) / kManifestName, error);
-    checkpoint.dir = is_checkpoint ? fs::path(resume).parent_path().string() : resume;
+    checkpoint.dir = is_checkpoint ? CheckpointParent(resume) : resume;
     if (checkpoint.dir.empty()) checkpoint.dir = ".";
     if (checkpoint.every == 0) {
       // Unreadable here: the job reports why when it resumes.

@@ -183,10 +183,10 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
   if (identity.is_discarded() || !identity.is_object()) {
     RaiseError("ConfigError", "checkpoint_identity must be a dict of JSON values");
   }
-  core->options_.checkpoint.identity = {{"loop", "python"},
-                                        {"--batch-size", config.batch_size},
-                                        {"--eval-fraction", config.eval_fraction},
-                                        {"model", std::move(identity)}};
+  core->options_.checkpoint.identity.update({{"loop", "python"},
+                                             {"--batch-size", config.batch_size},
+                                             {"--eval-fraction", config.eval_fraction},
+                                             {"model", std::move(identity)}});
   core->options_.stop_requested = [raw = core.get()] {
     return raw->stop_signal_.load(std::memory_order_relaxed);
   };
