@@ -31,7 +31,8 @@ def train(trainer, job, stop_at=None, signal_at=None, register=True, context=Non
           poison_at=None, signal_number=signal.SIGINT):
     """An embedding-bag + linear head loop with Adagrad; returns (iterations run here, the
     first iteration). Trainer 0 asks for the stop at iteration `stop_at` (or sends itself
-    `signal_number` at `signal_at`). ``context()``: a context manager the loop runs in (e.g. a stream).
+    `signal_number` at `signal_at`). ``context()``: a context manager the loop runs in (e.g. a
+    stream).
     After the step of iteration `poison_at` every trainer's head bias becomes NaN, as in a run
     that diverged (the next iteration's gradients would be refused)."""
     tables = bagpipe.EmbeddingBags(trainer)
