@@ -42,6 +42,19 @@ JobConfig SmallConfig(int trainers, CachePolicy cache) {
   return config;
 }
 
+// A started job of `config` (the test fails if it cannot start).
+std::unique_ptr<Job> StartJob(const JobConfig& config) {
+  auto data = OpenJobData(config, true);
+  EXPECT_TRUE(data.ok()) << data.status();
+  if (!data.ok()) return nullptr;
+  auto options = config.Resolve(data->schema);
+  EXPECT_TRUE(options.ok()) << options.status();
+  if (!options.ok()) return nullptr;
+  auto job = Job::Start(*options, std::move(data->train), nullptr);
+  EXPECT_TRUE(job.ok()) << job.status();
+  return job.ok() ? std::move(*job) : nullptr;
+}
+
 // An embedding-only model: logit = sum of the pooled embeddings; the loss's gradient goes back.
 absl::Status SumLoop(Trainer& trainer, TrainerOutcome* outcome, int stop_after = -1) {
   LocalBatch batch;
@@ -289,13 +302,9 @@ TEST(JobTest, AnExceptionOutOfTheLoopFailsTheJobWithItsMessage) {
 
 TEST(JobTest, NullBuffersAndAllReducesAfterCompletionAreRefusedAtOnce) {
   JobConfig config = SmallConfig(1, CachePolicy::kOracle);
-  auto data = OpenJobData(config, true);
-  ASSERT_TRUE(data.ok());
-  auto options = config.Resolve(data->schema);
-  ASSERT_TRUE(options.ok());
-  auto job = Job::Start(*options, std::move(data->train), nullptr);
-  ASSERT_TRUE(job.ok());
-  Trainer& trainer = (*job)->trainer(0);
+  std::unique_ptr<Job> job = StartJob(config);
+  ASSERT_NE(job, nullptr);
+  Trainer& trainer = job->trainer(0);
   EXPECT_EQ(trainer.BeginIteration(nullptr).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(trainer.AllReduce(static_cast<float*>(nullptr), 4).code(),
             absl::StatusCode::kInvalidArgument);
@@ -313,7 +322,7 @@ TEST(JobTest, NullBuffersAndAllReducesAfterCompletionAreRefusedAtOnce) {
   ASSERT_TRUE(trainer.EndIteration(grad.data()).ok());
   TrainerOutcome outcome;
   ASSERT_TRUE(SumLoop(trainer, &outcome).ok());
-  ASSERT_TRUE((*job)->CompleteTrainer(0, outcome).ok());
+  ASSERT_TRUE(job->CompleteTrainer(0, outcome).ok());
   // Its part is over: an all-reduce fails now instead of waiting --peer-timeout (60 s).
   Stopwatch watch;
   float value = 1;
@@ -322,7 +331,7 @@ TEST(JobTest, NullBuffersAndAllReducesAfterCompletionAreRefusedAtOnce) {
   EXPECT_THAT(std::string(late.message()), HasSubstr("was completed"));
   EXPECT_LT(watch.Seconds(), 5.0);
   JobResult result;
-  EXPECT_TRUE((*job)->Finish(ParamSink{}, &result).ok());
+  EXPECT_TRUE(job->Finish(ParamSink{}, &result).ok());
 }
 
 TEST(JobTest, WorkBetweenTheTrainersEndAndFinishDoesNotTimeTheServersOut) {
@@ -331,26 +340,22 @@ TEST(JobTest, WorkBetweenTheTrainersEndAndFinishDoesNotTimeTheServersOut) {
   // --peer-timeout of silence.
   JobConfig config = SmallConfig(2, CachePolicy::kOracle);
   config.peer_timeout = absl::Seconds(1);
-  auto data = OpenJobData(config, true);
-  ASSERT_TRUE(data.ok());
-  auto options = config.Resolve(data->schema);
-  ASSERT_TRUE(options.ok());
-  auto job = Job::Start(*options, std::move(data->train), nullptr);
-  ASSERT_TRUE(job.ok());
+  std::unique_ptr<Job> job = StartJob(config);
+  ASSERT_NE(job, nullptr);
   std::vector<std::thread> threads;
   std::vector<absl::Status> statuses(2);
   for (int i = 0; i < 2; ++i) {
     threads.emplace_back([&, i] {
       TrainerOutcome outcome;
-      const absl::Status status = SumLoop((*job)->trainer(i), &outcome);
-      statuses[i] = status.ok() ? (*job)->CompleteTrainer(i, outcome) : status;
+      const absl::Status status = SumLoop(job->trainer(i), &outcome);
+      statuses[i] = status.ok() ? job->CompleteTrainer(i, outcome) : status;
     });
   }
   for (std::thread& thread : threads) thread.join();
   for (const absl::Status& status : statuses) ASSERT_TRUE(status.ok()) << status;
   absl::SleepFor(absl::Seconds(3));  // three peer timeouts of the caller's own work
   JobResult result;
-  const absl::Status status = (*job)->Finish(ParamSink{}, &result);
+  const absl::Status status = job->Finish(ParamSink{}, &result);
   EXPECT_TRUE(status.ok()) << status;
   EXPECT_GT(result.parameter_rows, 0);
 }
@@ -363,13 +368,9 @@ namespace {
 
 TEST(JobTest, ANonFiniteGradientIsRefusedAndTheIterationStaysOpen) {
   JobConfig config = SmallConfig(1, CachePolicy::kOracle);
-  auto data = OpenJobData(config, true);
-  ASSERT_TRUE(data.ok());
-  auto options = config.Resolve(data->schema);
-  ASSERT_TRUE(options.ok());
-  auto job = Job::Start(*options, std::move(data->train), nullptr);
-  ASSERT_TRUE(job.ok());
-  Trainer& trainer = (*job)->trainer(0);
+  std::unique_ptr<Job> job = StartJob(config);
+  ASSERT_NE(job, nullptr);
+  Trainer& trainer = job->trainer(0);
   LocalBatch batch;
   ASSERT_TRUE(*trainer.BeginIteration(&batch));
   const size_t per_sample = static_cast<size_t>(batch.num_tables) * 4;
@@ -387,9 +388,9 @@ TEST(JobTest, ANonFiniteGradientIsRefusedAndTheIterationStaysOpen) {
   ASSERT_TRUE(trainer.EndIteration(grad.data()).ok());
   TrainerOutcome outcome;
   ASSERT_TRUE(SumLoop(trainer, &outcome).ok());
-  ASSERT_TRUE((*job)->CompleteTrainer(0, outcome).ok());
+  ASSERT_TRUE(job->CompleteTrainer(0, outcome).ok());
   JobResult result;
-  EXPECT_TRUE((*job)->Finish(ParamSink{}, &result).ok());
+  EXPECT_TRUE(job->Finish(ParamSink{}, &result).ok());
 }
 
 }  // namespace
