@@ -389,8 +389,19 @@ class Trainer::Impl {
       return absl::OkStatus();
     }
     const int64_t count = rows * row_floats;
+    // One pass the compiler vectorizes (a float is NaN or infinite iff its exponent bits are all
+    // set; OR-ing those tests has no order to keep): half the time of a loop that tests and
+    // branches per value, on the hot path of every iteration. The element is found only when
+    // there is one.
+    uint32_t any = 0;
     for (int64_t i = 0; i < count; ++i) {
-      if (!std::isfinite(grad[i])) [[unlikely]] {
+      uint32_t bits;
+      std::memcpy(&bits, grad + i, sizeof(bits));
+      any |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    }
+    if (any == 0) return absl::OkStatus();
+    for (int64_t i = 0; i < count; ++i) {
+      if (!std::isfinite(grad[i])) {
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": ", row_name, " ", i / row_floats, ", float ", i % row_floats, " is ",
             std::isnan(grad[i]) ? "nan" : (grad[i] > 0 ? "inf" : "-inf"),
