@@ -104,7 +104,10 @@ void RequireDecimalNumbers(CLI::App* app) {
     const bool is_unsigned = absl::StartsWith(type, "UINT");
     const bool integer = absl::StartsWith(type, "INT") || is_unsigned;
     if (!integer && !absl::StartsWith(type, "FLOAT")) continue;
-    option->check(CLI::Validator(
+    // Ahead of the option's own checks (transform() puts a validator first; this one leaves the
+    // value as it is), so that "1.5" for an integer is called not an integer rather than out of
+    // a range it lies in.
+    option->transform(CLI::Validator(
         [integer, is_unsigned](std::string& value) {
           return DecimalNumberError(value, integer, is_unsigned);
         },

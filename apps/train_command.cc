@@ -14,6 +14,7 @@
 #include "core/dir_lock.h"
 #include "core/logging.h"
 #include "core/metrics.h"
+#include "core/optimizer.h"
 #include "core/signals.h"
 #include "core/status.h"
 #include "model/dlrm_loop.h"
@@ -51,6 +52,40 @@ void SetCheckpointIdentity(const TrainFlags& flags, const DlrmLoopOptions& loop,
 }
 
 // One rank's part (`mpi` and `mpi_transport` null: the embedded job).
+// Warns about options given on the command line that the configuration ignores (accepted so
+// that one set of flags serves several configurations; --model logreg's MLPs are warned about
+// with the model).
+void WarnIgnoredOptions(const TrainFlags& flags) {
+  const JobConfig& config = flags.config;
+  if (flags.cache_rows_given && config.cache == CachePolicy::kDevice) {
+    BAGPIPE_LOG(WARNING) << "--cache device keeps whole tables on every trainer: --cache-rows "
+                         << config.cache_rows << " is ignored";
+  }
+  const auto adagrad = [](OptimizerKind kind) { return kind != OptimizerKind::kSgd; };
+  // --eps and --initial-accumulator are also the dense optimizer's defaults.
+  const bool dense_takes_sparse_eps = !config.dense_eps.has_value();
+  const bool dense_takes_sparse_accumulator = !config.dense_initial_accumulator.has_value();
+  const bool dense_adagrad = adagrad(config.DenseOptimizer().kind);
+  const bool sparse_adagrad = adagrad(config.optimizer.kind);
+  if (flags.eps_given && !sparse_adagrad && !(dense_adagrad && dense_takes_sparse_eps)) {
+    BAGPIPE_LOG(WARNING) << "--eps is an Adagrad setting, and no optimizer here is Adagrad: "
+                            "it is ignored";
+  }
+  if (flags.initial_accumulator_given && !sparse_adagrad &&
+      !(dense_adagrad && dense_takes_sparse_accumulator)) {
+    BAGPIPE_LOG(WARNING) << "--initial-accumulator is an Adagrad setting, and no optimizer here "
+                            "is Adagrad: it is ignored";
+  }
+  if (!dense_adagrad && !dense_takes_sparse_eps) {
+    BAGPIPE_LOG(WARNING) << "--dense-eps is an Adagrad setting, and the dense optimizer is sgd: "
+                            "it is ignored";
+  }
+  if (!dense_adagrad && !dense_takes_sparse_accumulator) {
+    BAGPIPE_LOG(WARNING) << "--dense-initial-accumulator is an Adagrad setting, and the dense "
+                            "optimizer is sgd: it is ignored";
+  }
+}
+
 absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport* mpi_transport) {
   const JobConfig& config = flags.config;
   // SIGINT/SIGTERM/SIGUSR1 stop the job at an iteration boundary (after MPI's own handlers).
@@ -70,6 +105,7 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
   ASSIGN_OR_RETURN(JobOptions options, config.Resolve(schema, mpi ? mpi->size() : 0));
   const JobLayout& layout = options.layout;
   const bool is_trainer0 = mpi == nullptr || mpi->rank() == layout.trainer_rank(0);
+  if (is_rank0) WarnIgnoredOptions(flags);
   // --out DIR is this job's until it ends: a second job started on it is refused before it
   // writes a file there (rank 0 holds the lock; the files there are replaced atomically).
   std::unique_ptr<DirLock> out_lock;
@@ -157,11 +193,14 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
 
   if (is_rank0) {
     BAGPIPE_LOG(INFO) << absl::StrFormat(
-        "train: %s, %d tables (%d rows), batch %d, cache %s (%d rows), %d trainer(s), %d "
+        "train: %s, %d tables (%d rows), batch %d, cache %s (%s), %d trainer(s), %d "
         "server(s), %s%s",
         data.description, schema.num_tables(), schema.TotalRows(), config.batch_size,
-        CachePolicyName(config.cache), options.trainer.cache_rows, layout.trainers, layout.servers,
-        BackendName(config.device), mpi ? " (mpirun)" : " (embedded)");
+        CachePolicyName(config.cache),
+        config.cache == CachePolicy::kDevice ? std::string("whole tables")
+                                             : absl::StrCat(options.trainer.cache_rows, " rows"),
+        layout.trainers, layout.servers, BackendName(config.device),
+        mpi ? " (mpirun)" : " (embedded)");
   }
 
   // Parameters gathered at rank 0: fingerprint, and the dump when asked.

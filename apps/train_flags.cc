@@ -43,7 +43,8 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
   app->add_option("--cache-rows", config.cache_rows,
                   "rows each trainer's cache holds (0: a fifth of all rows, at least four "
                   "local batches)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([flags](const std::string&) { flags->cache_rows_given = true; });
   app->add_option(
          "--lookahead,-L", config.lookahead,
          "oracle window in batches (Belady within it; L >= 20 is within ~1% of the offline optimum "
@@ -67,10 +68,12 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
   app->add_option("--lr", config.optimizer.learning_rate, "learning rate")->capture_default_str();
   app->add_option("--eps", config.optimizer.eps,
                   "Adagrad: added to sqrt(accumulator) (torch.optim.Adagrad: 1e-10)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([flags](const std::string&) { flags->eps_given = true; });
   app->add_option("--initial-accumulator", config.optimizer.initial_accumulator,
                   "Adagrad: the accumulator's initial value (torch: initial_accumulator_value)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([flags](const std::string&) { flags->initial_accumulator_given = true; });
   app->add_option("--dense-optimizer", flags->dense_optimizer,
                   "optimizer of the dense MLPs (default: --optimizer; rowwise-adagrad "
                   "means adagrad)");
@@ -289,6 +292,10 @@ absl::Status FinishTrainFlags(TrainFlags* flags) {
         "--peer-timeout %g: must be a positive, finite number of seconds", flags->peer_timeout_s));
   }
   config.peer_timeout = absl::Seconds(flags->peer_timeout_s);
+  if (config.peer_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--peer-timeout %g: below the nanosecond the timeouts count in", flags->peer_timeout_s));
+  }
   return config.Validate();
 }
 

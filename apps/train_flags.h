@@ -33,6 +33,10 @@ struct TrainFlags {
   bool top_given = false;
   // --keep-checkpoints given (it needs a checkpoint directory).
   bool keep_checkpoints_given = false;
+  // Given on the command line: options that some configurations ignore (with a warning).
+  bool cache_rows_given = false;
+  bool eps_given = false;
+  bool initial_accumulator_given = false;
   // Outputs.
   std::string metrics_out;
   int metrics_interval = 50;

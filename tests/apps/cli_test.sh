@@ -237,9 +237,33 @@ expect_error nan_peer_timeout "--peer-timeout nan: must be a positive, finite" \
   train "${SHORT[@]}" --peer-timeout nan
 expect_error zero_peer_timeout "--peer-timeout 0: must be a positive, finite" \
   train "${SHORT[@]}" --peer-timeout 0
+# Positive, but below what a duration holds: named as given, not as 0.
+expect_error tiny_peer_timeout "--peer-timeout 1e-300: below the nanosecond" \
+  train "${SHORT[@]}" --peer-timeout 1e-300
+# An integer option's value that is no integer is called that before any range check.
+expect_error fraction_trainers "--trainers: '1.5' is not an integer" train "${SHORT[@]}" -T 1.5
+expect_error nan_dim "--dim: 'nan' is not an integer" train "${SHORT[@]}" --dim nan
+# Options the configuration ignores are accepted with a warning naming them.
+expect_ok ignored_options train --data "$SYN" --batch-size 512 --iterations 2 --quiet \
+  --cache device --cache-rows 100 --optimizer sgd --eps 1e-3 --initial-accumulator 0.5
+for warning in "--cache device keeps whole tables on every trainer: --cache-rows 100 is ignored" \
+               "--eps is an Adagrad setting, and no optimizer here is Adagrad" \
+               "--initial-accumulator is an Adagrad setting"; do
+  if ! grep -q -- "$warning" "$WORK/ignored_options.out"; then
+    echo "FAIL ignored_options: no warning '$warning'"
+    failures=$((failures + 1))
+  fi
+done
+# --eps is the dense Adagrad's default: used, so no warning.
+expect_ok eps_for_dense train --data "$SYN" --batch-size 512 --iterations 2 --quiet \
+  --optimizer sgd --dense-optimizer adagrad --eps 1e-3
+if grep -q -- "--eps is an Adagrad setting" "$WORK/eps_for_dense.out"; then
+  echo "FAIL eps_for_dense: --eps reaches the dense Adagrad, yet a warning says it is ignored"
+  failures=$((failures + 1))
+fi
 expect_error zero_batch "--batch-size: 0 must be > 0" train "${SHORT[@]}" --batch-size 0
 expect_error negative_iterations "--iterations: -1 must be >= 0" train "${SHORT[@]}" --iterations -1
-expect_error word_dim "--dim: 'abc' is not a number" train "${SHORT[@]}" --dim abc
+expect_error word_dim "--dim: 'abc' is not an integer" train "${SHORT[@]}" --dim abc
 expect_error twice_lr "--lr: At Most 1 required but received 2" train "${SHORT[@]}" --lr 0.1 --lr 0.2
 expect_error twice_synthetic_key "synthetic: 'samples' is given twice" \
   train --data "synthetic:samples=10,samples=20" --quiet
@@ -391,9 +415,9 @@ expect_error compare_other_params "dim8/params.bin' holds other parameters \(sha
   compare "$WORK/off" "$WORK/moved"
 
 # Options and files a user can get wrong.
-expect_error seed_negative "'-1' is not an integer in \[0, 18446744073709551615\]" train \
+expect_error seed_negative "--seed: '-1' is out of range \(\[0, 2\^64 - 1\]\)" train \
   --data "$SYN" --seed=-1 --quiet
-expect_error seed_overflow "'18446744073709551616' is not an integer in" train --data "$SYN" \
+expect_error seed_overflow "--seed: '18446744073709551616' is out of range" train --data "$SYN" \
   --seed 18446744073709551616 --quiet
 cp "${CRITEO#criteo:}" "$WORK/same.tsv"
 expect_error convert_onto_input "--out '.*same.tsv' is the input file of --data" convert \
