@@ -20,7 +20,7 @@ namespace bagpipe {
 absl::Status RefuseCompressedFile(int fd, const std::string& what) {
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return absl::OkStatus();
-  unsigned char head[10] = {};
+  unsigned char head[512] = {};
   const ssize_t got = pread(fd, head, sizeof(head), 0);
   if (got < 0) return absl::OkStatus();  // the reader's own read reports it
   struct Magic {
@@ -30,7 +30,7 @@ absl::Status RefuseCompressedFile(int fd, const std::string& what) {
   };
   // bzip2: "BZh", the block size digit, then a block's or the stream end's magic (a text line
   // may well start with "BZh").
-  static constexpr Magic kMagics[] = {{"gzip", "\x1f\x8b", "gzip -dk"},
+  static constexpr Magic kMagics[] = {{"gzip", "\x1f\x8b", "gzip -dk FILE; a .tar.gz: tar xzf"},
                                       {"bzip2", "BZh?1AY&SY", "bzip2 -dk"},
                                       {"bzip2", "BZh?\x17rE8P\x90", "bzip2 -dk"},
                                       {"xz", "\xfd\x37zXZ\x00", "xz -dk"},
@@ -49,6 +49,26 @@ absl::Status RefuseCompressedFile(int fd, const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": the file is ", m.name,
         "-compressed and the reader takes plain text; decompress it first (", m.command, " FILE)"));
+  }
+  // Archives (datasets are often shipped as .zip or .tar) hold files rather than text.
+  if (matches("PK\x03\x04") || matches("PK\x05\x06")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what,
+        ": the file is a zip archive and the reader takes plain text; extract the data "
+        "file from it first (unzip FILE)"));
+  }
+  if (start.size() >= 263 && start.substr(257, 5) == "ustar") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what,
+        ": the file is a tar archive and the reader takes plain text; extract the data "
+        "file from it first (tar xf FILE)"));
+  }
+  // The readers take UTF-8 (ASCII) text; UTF-16 starts with its byte order mark.
+  if (matches("\xff\xfe") || matches("\xfe\xff")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what,
+        ": the file is UTF-16 text and the reader takes UTF-8; convert it first (iconv -f "
+        "UTF-16 -t UTF-8 FILE > NEW)"));
   }
   return absl::OkStatus();
 }

@@ -79,7 +79,8 @@ struct SourceOptions {
 };
 
 // Text readers: an error naming the compression if the regular file open as `fd` starts like a
-// gzip, bzip2, xz or zstd stream (read with pread: the file position does not move), else OK.
+// gzip, bzip2, xz or zstd stream, or what it is if it starts like a zip or tar archive or UTF-16
+// text (read with pread: the file position does not move), else OK.
 // Pipes and devices are not looked at. `what` names the file in the message ("criteo:PATH").
 absl::Status RefuseCompressedFile(int fd, const std::string& what);
 
