@@ -72,8 +72,12 @@ void ParseLine(absl::string_view line, int64_t line_number, int64_t max_line_byt
       for (int tabs = 0; tabs < kFields; ++column) tabs += line[column] == '\t';
       ++column;
     }
-    out->error = absl::StrCat(line_number, ":", column, ": expected ", kFields,
-                              " tab-separated fields, found ", fields);
+    // 39 fields: the layout of the Kaggle test set, which has no label (it cannot train).
+    out->error = absl::StrCat(
+        line_number, ":", column, ": expected ", kFields, " tab-separated fields, found ", fields,
+        fields == kFields - 1 ? " (the label, 13 integer and 26 categorical fields; a test "
+                                "file without labels cannot train)"
+                              : "");
     return;
   }
   size_t begin = 0;

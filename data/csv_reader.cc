@@ -33,10 +33,11 @@ constexpr size_t kBlockBytes = size_t{1} << 20;
 constexpr size_t kMaxKeptErrors = 10;
 constexpr absl::string_view kUtf8Bom = "\xEF\xBB\xBF";
 
-// Values that mean "missing" (as in R and pandas exports such as MovieLens' "NA" years): dense
-// features read them as 0 and sparse features as row 0. A label may not be missing.
+// Values that mean "missing" (as in R, pandas and NumPy exports such as MovieLens' "NA" years):
+// dense features read them as 0 and sparse features as row 0. A label may not be missing.
 bool IsMissing(absl::string_view text) {
-  return text.empty() || text == "NA" || text == "N/A" || text == "NaN" || text == "null";
+  return text.empty() || text == "NA" || text == "N/A" || text == "NaN" || text == "nan" ||
+         text == "null";
 }
 
 enum class Compare { kNone, kGreater, kGreaterEqual, kLess, kLessEqual, kEqual };
@@ -113,7 +114,9 @@ bool SplitCsvLine(absl::string_view line, std::vector<std::string>* fields,
       }
       if (!closed) {
         *bad_column = open + 1;
-        *what = "unterminated quote";
+        *what =
+            "unterminated quote (the quoted field does not close on its line: records are lines, "
+            "and a line break inside a quoted field is not supported)";
         return false;
       }
       if (i < line.size() && line[i] != ',') {
@@ -172,9 +175,18 @@ absl::StatusOr<int> FindColumn(const Header& header_info, absl::string_view name
   if (header.size() > listed.size()) {
     listed.push_back(absl::StrCat("... (", header.size(), " columns)"));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("csv spec clause '", Excerpt(clause, 200), "': unknown column '", Excerpt(name),
-                   "' (the header has: ", absl::StrJoin(listed, ", "), ")"));
+  // One column with a tab, ';', ':' or '|' in it: a file separated by something else (csv: reads
+  // commas), or one without a header line.
+  std::string hint;
+  if (header.size() == 1 && header[0].find_first_of("\t;:|") != std::string::npos) {
+    hint =
+        "; csv: reads comma-separated files whose first line names the columns: this one looks "
+        "separated by something else (convert it first, e.g. sed 's/::/,/g' for '::', and add a "
+        "header line if it has none)";
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      header_info.where, ": csv spec clause '", Excerpt(clause, 200), "': unknown column '",
+      Excerpt(name), "' (the header has: ", absl::StrJoin(listed, ", "), ")", hint));
 }
 
 // If `item` is "fn(args)" sets *args and returns true.
@@ -505,7 +517,8 @@ class CsvSource final : public SampleSource {
     // A finite number (inf, -inf and 1e400 are refused: they would make the loss NaN).
     auto number = [&](int field, absl::string_view role, double* out) -> absl::Status {
       const std::string& text = fields_[field];
-      if (!absl::SimpleAtod(text, out) || std::isnan(*out)) {
+      // Decimal only: strtod would read "0x10" as 16.
+      if (!ParseDecimalDouble(text, out) || std::isnan(*out)) {
         return LineError(column_of(field),
                          absl::StrCat(role, " column '", Excerpt(header_[field]), "': '",
                                       Excerpt(text), "' is not a number"));

@@ -64,7 +64,10 @@ std::string DataStats::Table() const {
       "batch_mean/batch_max: distinct rows one batch needs (the working set a cache must "
       "hold at once)\n";
   if (source_stats.skipped_lines > 0) {
-    out += absl::StrFormat("skipped %d bad lines\n", source_stats.skipped_lines);
+    out += absl::StrFormat("skipped %d bad lines%s\n", source_stats.skipped_lines,
+                           source_stats.first_errors.empty()
+                               ? ""
+                               : absl::StrCat("; the first: ", source_stats.first_errors[0]));
   }
   return out;
 }

@@ -460,6 +460,12 @@ if ! grep -q "skipped 20 bad lines; the first: .*somebad.tsv:4:" "$WORK/skip_bad
   echo "FAIL skip_bad_lines_sim: $(tail -2 "$WORK/skip_bad_lines_sim.out")"
   failures=$((failures + 1))
 fi
+expect_ok skip_bad_lines_stats data-stats --data "criteo:$WORK/somebad.tsv" --skip-bad-lines \
+  --batch-size 16 --quiet
+if ! grep -q "skipped 20 bad lines; the first: .*somebad.tsv:4:" "$WORK/skip_bad_lines_stats.out"; then
+  echo "FAIL skip_bad_lines_stats: $(tail -2 "$WORK/skip_bad_lines_stats.out")"
+  failures=$((failures + 1))
+fi
 
 # A file-size limit (ulimit -f) is a write error naming the file, not a death by SIGXFSZ.
 (

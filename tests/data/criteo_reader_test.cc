@@ -236,6 +236,12 @@ TEST(CriteoReaderTest, WrongColumnCountNamesLine) {
 
   const std::string short_path = WriteFile("short.tsv", "1\t2\t3\n");
   EXPECT_THAT(ReadError(short_path).message(), HasSubstr(short_path + ":1:6: expected 40"));
+
+  // The Kaggle test set's lines: no label column. The message says what is missing.
+  const std::string unlabelled = WriteFile("test.txt", Line().substr(Line().find('\t') + 1) + "\n");
+  EXPECT_THAT(ReadError(unlabelled).message(),
+              HasSubstr("found 39 (the label, 13 integer and 26 categorical fields; a test file "
+                        "without labels cannot train)"));
 }
 
 TEST(CriteoReaderTest, NonHexCategoricalNamesLineAndColumn) {

@@ -122,10 +122,11 @@ TEST(CsvReaderTest, OperatorsAndLogDense) {
 
 TEST(CsvReaderTest, QuotingAndMissingValues) {
   const std::string path = WriteFile(
-      "quotes.csv", "label,name,tags\n1,\"Smith, \"\"J\"\"\",a|b\n0,,\n1,Smith,b||c\n1,NA,NA\n");
+      "quotes.csv",
+      "label,name,tags\n1,\"Smith, \"\"J\"\"\",a|b\n0,,\n1,Smith,b||c\n1,NA,NA\n0,nan,\" a\"\n");
   auto source = Open(path, Spec("label=label; sparse=name, split(tags,|)"));
   const Batch all = ReadAll(*source, 10);
-  ASSERT_EQ(all.num_samples, 4);
+  ASSERT_EQ(all.num_samples, 5);
   EXPECT_EQ(Bag(all, 0, 0), (std::vector<int64_t>{1}));
   EXPECT_EQ(Bag(all, 0, 1), (std::vector<int64_t>{0}));  // missing
   EXPECT_EQ(Bag(all, 0, 2), (std::vector<int64_t>{2}));  // "Smith" differs from "Smith, "J""
@@ -134,7 +135,9 @@ TEST(CsvReaderTest, QuotingAndMissingValues) {
   EXPECT_EQ(Bag(all, 1, 2), (std::vector<int64_t>{2, 3}));  // empty pieces are skipped
   EXPECT_EQ(Bag(all, 0, 3), (std::vector<int64_t>{0}));     // "NA" is missing
   EXPECT_EQ(Bag(all, 1, 3), (std::vector<int64_t>{0}));
-  EXPECT_EQ(source->schema().table_rows, (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(Bag(all, 0, 4), (std::vector<int64_t>{0}));  // NumPy's "nan" is missing too
+  EXPECT_EQ(Bag(all, 1, 4), (std::vector<int64_t>{4}));  // " a" is not "a": values as written
+  EXPECT_EQ(source->schema().table_rows, (std::vector<int64_t>{3, 5}));
 }
 
 TEST(CsvReaderTest, CrlfLinesAreAccepted) {
@@ -166,6 +169,12 @@ TEST(CsvReaderTest, SpecErrors) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("unknown column 'nosuch'"));
   EXPECT_THAT(status.message(), HasSubstr("sparse=userId,nosuch"));
+  EXPECT_THAT(status.message(), HasSubstr(std::string(kMovieLens) + ":1: csv spec clause"));
+  // A file separated by something other than commas reads as one column: the message says so.
+  const std::string dat = WriteFile("ratings.dat", "1::1193::5::978300760\n1::661::3::978302109\n");
+  status = OpenCsv(dat, Spec("label=rating>3.5; sparse=userId")).status();
+  EXPECT_THAT(status.message(), AllOf(HasSubstr(dat + ":1: csv spec clause"),
+                                      HasSubstr("looks separated by something else")));
   status = error("label=rating=>3.5");
   EXPECT_THAT(status.message(), HasSubstr("bad operator '=>'"));
   status = error("label=rating!=3");
@@ -334,6 +343,32 @@ TEST(CsvReaderTest, CompressedFilesAreRefusedByName) {
   EXPECT_TRUE(OpenCsv(path, Spec("label=a; sparse=BZhang")).ok());
 }
 
+TEST(CsvReaderTest, ArchivesAndUtf16NameWhatTheyAre) {
+  std::string tar(1024, '\0');
+  tar.replace(0, 9, "train.txt");
+  tar.replace(257, 6, std::string("ustar\0", 6));
+  const struct {
+    const char* name;
+    std::string bytes;
+    const char* says;
+  } cases[] = {{"zip.csv", std::string("PK\x03\x04\x14\x00\x00\x00", 8), "zip archive"},
+               {"tar.csv", tar, "tar archive"},
+               {"utf16le.csv", std::string("\xff\xfeu\0s\0e\0r\0", 10), "UTF-16"},
+               {"utf16be.csv", std::string("\xfe\xff\0u\0s\0e\0r", 10), "UTF-16"}};
+  for (const auto& c : cases) {
+    const std::string path = WriteFile(c.name, c.bytes);
+    const absl::Status status = OpenCsv(path, Spec("label=a")).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(std::string(status.message()), AllOf(HasSubstr("csv:" + path), HasSubstr(c.says)))
+        << c.name;
+  }
+  // A UTF-8 byte order mark is text.
+  const std::string path = WriteFile("bom.csv",
+                                     "\xef\xbb\xbf"
+                                     "a,b\n1,1\n");
+  EXPECT_TRUE(OpenCsv(path, Spec("label=a; sparse=b")).ok());
+}
+
 TEST(CsvReaderTest, LineErrorsNameLineAndColumn) {
   const SourceOptions options = Spec("label=a>1; dense=b; sparse=c");
   std::string path = WriteFile("number.csv", "a,b,c\n1,2,x\n1,2.5.1,x\n");
@@ -345,6 +380,12 @@ TEST(CsvReaderTest, LineErrorsNameLineAndColumn) {
   path = WriteFile("quote.csv", "a,b,c\n1,2,\"x\n");
   status = ReadError(path, options);
   EXPECT_THAT(status.message(), HasSubstr(path + ":2:5: unterminated quote"));
+  EXPECT_THAT(status.message(), HasSubstr("a line break inside a quoted field is not supported"));
+
+  // Numbers are decimal: strtod's hexadecimal forms are refused.
+  path = WriteFile("hex.csv", "a,b,c\n1,2,x\n1,0x10,x\n");
+  status = ReadError(path, options);
+  EXPECT_THAT(status.message(), HasSubstr(path + ":3:3: dense column 'b': '0x10' is not a number"));
 
   path = WriteFile("count.csv", "a,b,c\n1,2\n");
   status = ReadError(path, options);
