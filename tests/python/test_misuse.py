@@ -172,7 +172,7 @@ def test_options_that_contradict_each_other_are_config_errors():
 def test_bad_flag_values_and_data_specs_name_what_is_wrong(capsys):
     for args, message in [(["--batch-size", "0"], "--batch-size: 0 must be > 0"),
                           (["--iterations", "-1"], "--iterations: -1 must be >= 0"),
-                          (["--dim", "abc"], "--dim: 'abc' is not a number")]:
+                          (["--dim", "abc"], "--dim: 'abc' is not an integer")]:
         with pytest.raises(SystemExit) as exit_info:
             bagpipe.parse_train_args(args)
         assert exit_info.value.code == 2
