@@ -23,6 +23,10 @@ int64_t Schema::TotalRows() const {
 }
 
 absl::Status Schema::CheckRowCounts(int64_t min_rows) const {
+  if (table_rows.size() > static_cast<size_t>(kMaxTables)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the schema has ", table_rows.size(), " tables: at most ", kMaxTables));
+  }
   int64_t total = 0;
   for (size_t t = 0; t < table_rows.size(); ++t) {
     const std::string name = t < table_names.size() ? Excerpt(table_names[t]) : absl::StrCat(t);

@@ -19,6 +19,8 @@ namespace bagpipe {
 // Global row ids linearise every table: the tables hold at most this many rows in all (headroom
 // below 2^63 for sums of offsets and counts).
 inline constexpr int64_t kMaxTotalRows = int64_t{1} << 62;
+// Plans name tables in 16 bits: a schema has at most this many.
+inline constexpr int kMaxTables = 32767;
 
 struct Schema {
   std::vector<std::string> dense_names;
@@ -34,8 +36,8 @@ struct Schema {
   // is the total row count. Size num_tables() + 1.
   std::vector<RowId> TableOffsets() const;
   int64_t TotalRows() const;
-  // OK when every table has at least `min_rows` rows and they hold at most kMaxTotalRows in
-  // all; else an error naming the table.
+  // OK when there are at most kMaxTables tables, every table has at least `min_rows` rows and
+  // they hold at most kMaxTotalRows in all; else an error naming the table.
   absl::Status CheckRowCounts(int64_t min_rows) const;
 
   nlohmann::json ToJson() const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "core/random.h"
@@ -27,6 +28,13 @@ absl::StatusOr<std::unique_ptr<LogRegHead>> LogRegHead::Create(
   if (num_tables <= 0 || dim <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("logreg: ", num_tables, " tables of dim ", dim, ": both must be positive"));
+  }
+  // One weight per pooled float (num_tables x dim), counted in an int.
+  const int64_t width = int64_t{num_tables} * dim;
+  if (width >= std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("logreg: ", num_tables, " tables of dim ", dim,
+                                                   " make ", width,
+                                                   " weights: at most 2^31 - 2 are supported"));
   }
   std::unique_ptr<LogRegHead> head(new LogRegHead(context, num_tables * dim, optimizer));
   head->parameters_.resize(head->width_ + 1, 0.0f);
