@@ -491,6 +491,11 @@ absl::Status Job::CompleteTrainer(int local, TrainerOutcome outcome) {
   return absl::OkStatus();
 }
 
+bool Job::trainer_completed(int local) const {
+  absl::MutexLock lock(&mu_);
+  return trainers_[static_cast<size_t>(local)].completed;
+}
+
 absl::Status Job::Finish(const ParamSink& sink, JobResult* result) {
   {
     absl::MutexLock lock(&mu_);

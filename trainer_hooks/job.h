@@ -146,6 +146,8 @@ class Job {
   void Abort(const absl::Status& status);
   // The status the job was aborted with (OK if it was not). Thread-safe.
   absl::Status aborted() const { return transport_->aborted(); }
+  // Whether local trainer `local` was completed (CompleteTrainer). Thread-safe.
+  bool trainer_completed(int local) const;
 
   // Waits for this process's roles to end. Trainers not completed are completed here with an
   // empty outcome. Rank 0 gathers every trainer's outcome, the servers' statistics and (with

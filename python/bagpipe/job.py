@@ -428,7 +428,14 @@ class Trainer:
         if grad is not None:
             self._pending_grad = None
             self._register_stream()
-            self._core.end_iteration(grad)
+            try:
+                self._core.end_iteration(grad)
+            except BaseException:
+                # Still open (e.g. a non-finite gradient): EmbeddingBags may look up anew, as
+                # after a refused backward on the loop's thread.
+                self._ended = -1
+                self._end_node = None
+                raise
 
     def _end_iteration_from_backward(self, pooled_grad, generation):
         """EmbeddingBags' backward. Autograd runs the backward of CUDA operations on its own
@@ -513,11 +520,16 @@ class Trainer:
         all-reduce (a missing gradient counts as zeros; tensors that do not require grad are
         skipped). Nothing to do with one trainer, but the parameters are checked all the same:
         dense, strided gradients of floating dtype at most 32 bits wide (the sum runs in float32:
-        float64 is refused rather than rounded) on the trainer's device (TypeError/ValueError
-        otherwise)."""
+        float64 is refused rather than rounded) on the trainer's device, not expanded (stride 0)
+        (TypeError/ValueError otherwise)."""
         self._end_pending()
         if isinstance(parameters, torch.Tensor):
             parameters = [parameters]
+        try:
+            parameters = iter(parameters)
+        except TypeError:
+            raise TypeError("all_reduce_gradients: parameters must be a tensor or an iterable of "
+                            f"tensors, got {type(parameters).__name__}") from None
         checked = []
         for index, p in enumerate(parameters):
             if not isinstance(p, torch.Tensor):
@@ -542,6 +554,11 @@ class Trainer:
                 if t.device != self.device:
                     raise ValueError(f"all_reduce_gradients: parameter {index}{what} is on "
                                      f"{t.device}, not on the trainer's device {self.device}")
+                if any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape)):
+                    raise ValueError(f"all_reduce_gradients: parameter {index}{what} is "
+                                     "expanded (a stride of 0): its elements share memory and "
+                                     "cannot each hold a sum (nothing was summed; give it memory "
+                                     "of its own, e.g. p.grad = p.grad.clone())")
             checked.append(p)
         parameters = checked
         if self.num_trainers == 1 or not parameters:
@@ -834,8 +851,10 @@ class _InterruptWatch:
                     pass
             with self._lock:
                 jobs = list(self._jobs)
-            for signum in _STOP_SIGNALS:
-                if signum not in received:
+            # One byte per signal delivered, in order: two signals read in one go are two (the
+            # second one aborts a job the first one stops).
+            for signum in received:
+                if signum not in _STOP_SIGNALS:
                     continue
                 for job in jobs:
                     try:
@@ -905,7 +924,9 @@ class Job:
     dense model's sizes). ``request_stop()`` — and, with checkpoints configured, the first Ctrl-C,
     SIGTERM or SIGUSR1 (what mpirun forwards) inside ``run_trainers`` — stops the job at an
     iteration boundary with a checkpoint;
-    ``finish()`` then raises Stopped saying where to resume. A second signal aborts.
+    ``finish()`` then raises Stopped saying where to resume. A second signal aborts. Without
+    checkpoints, Ctrl-C aborts the job (KeyboardInterrupt) unless the caller installed a SIGINT
+    handler of its own: that handler's call then.
 
     Use it as a context manager: leaving the block with an exception aborts the job (every
     thread and rank stops) and ``close()`` joins its threads."""
@@ -1050,6 +1071,8 @@ class Job:
     def _on_signal(self, signum):
         if not self.checkpoints and signum != signal.SIGINT:
             return  # a SIGTERM handler of the caller's: not ours to act on
+        if not self.checkpoints and signal.getsignal(signum) is not signal.default_int_handler:
+            return  # the caller handles SIGINT itself (e.g. to stop after the epoch): its call
         with self._signal_lock:
             self._signals += 1
             graceful = self.checkpoints and self._signals == 1

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "core/excerpt.h"
 #include "core/json_fields.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -296,6 +297,16 @@ void JobCore::Leave() {
 
 py::object JobCore::Finish(const std::string& summary_json, const std::string& dump_params,
                            const std::string& model_json) {
+  // A finish before the loops are done is a call out of order: refused, the job going on (it
+  // used to complete the trainers, whose Flush failed and so ended the job).
+  bool check = false;
+  {
+    absl::MutexLock lock(&mu_);
+    check = !closed_ && !finishing_ && job_ != nullptr && job_->aborted().ok();
+  }
+  if (check) {
+    for (const std::shared_ptr<PyTrainer>& trainer : trainers()) trainer->CheckFinished();
+  }
   {
     absl::MutexLock lock(&mu_);
     if (closed_) RaiseError("UsageError", "finish: the job is closed");
@@ -500,6 +511,7 @@ py::object PyTrainer::BeginIteration() {
   }
   ReleaseKept();
   has_batch_ = *more;
+  eval_batch_ = false;
   if (!*more) return py::none();
   return BatchTuple(batch_.global_batch_size);
 }
@@ -513,6 +525,7 @@ py::object PyTrainer::BeginEvalBatch() {
   }
   if (!more.ok()) Raise(more.status());
   has_batch_ = *more;
+  eval_batch_ = *more;
   if (!*more) return py::none();
   return BatchTuple(batch_.num_samples);
 }
@@ -649,10 +662,34 @@ void PyTrainer::Flush() {
   has_batch_ = false;
 }
 
+void PyTrainer::CheckFinished() {
+  TrainerCall call(*this, busy_, *core_, "finish");
+  if (core_->job().trainer_completed(local_)) return;
+  if (has_batch_ && !eval_batch_) {
+    RaiseError("UsageError",
+               absl::StrCat("finish: trainer ", id_, " is inside iteration ", batch_.iteration,
+                            " (end it with end_iteration and run the loop to its end first; "
+                            "close() ends the job early)"));
+  }
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = trainer().Flush();
+  }
+  if (absl::IsFailedPrecondition(status)) {
+    RaiseError("UsageError", absl::StrCat("finish: trainer ", id_, ": ", status.message(),
+                                          " (run every trainer's loop to its end first; close() "
+                                          "ends the job early)"));
+  }
+  if (!status.ok()) Raise(status);
+  ReleaseKept();
+}
+
 void PyTrainer::Complete(py::object dense, py::object predictions, py::object labels,
                          const std::string& info_json) {
   TrainerCall call(*this, busy_, *core_, "complete");
-  if (has_batch_) {
+  // A held-out batch needs no ending (a loop may leave eval_batches early).
+  if (has_batch_ && !eval_batch_) {
     RaiseError("UsageError",
                "complete: inside an iteration (end it with end_iteration, then flush, first)");
   }
@@ -733,13 +770,21 @@ void PyTrainer::SetLoopState(py::object save, py::object restore) {
   LoopState state;
   state.save = [save_fn, run]() -> absl::StatusOr<std::string> {
     std::string bytes;
+    std::string not_bytes;  // the type save() returned instead of bytes
     RETURN_IF_ERROR(run("save", [&] {
       py::object out = (*save_fn)();
       if (!py::isinstance<py::bytes>(out)) {
-        throw py::type_error("set_loop_state: save() must return bytes");
+        not_bytes = py::str(py::type::of(out).attr("__name__")).cast<std::string>();
+        return;
       }
       bytes = out.cast<std::string>();
     }));
+    // Failed like a save() that raised: the checkpoint is half written everywhere.
+    if (!not_bytes.empty()) {
+      return absl::AbortedError(absl::StrCat(
+          "the loop's save returned ", Printable(not_bytes),
+          ", not bytes (set_loop_state: save() must return the loop's state as bytes)"));
+    }
     return bytes;
   };
   state.restore = [restore_fn, run](std::string_view bytes) -> absl::Status {

@@ -145,6 +145,9 @@ class PyTrainer {
   void SetLoopState(pybind11::object save, pybind11::object restore);
   // Trainer::FirstIteration: 0, or the resumed checkpoint's iteration.
   int64_t FirstIteration();
+  // Job.finish's check of this trainer: UsageError (nothing changes) while an iteration is open
+  // or planned iterations are left to run; otherwise flushes it (as finish would).
+  void CheckFinished();
 
  private:
   friend class TrainerCall;
@@ -168,7 +171,8 @@ class PyTrainer {
   const std::string device_;
   LocalBatch batch_;
   bool has_batch_ = false;
-  bool started_ = false;  // begin_iteration was called
+  bool eval_batch_ = false;  // batch_ is a held-out batch (BeginEvalBatch)
+  bool started_ = false;     // begin_iteration was called
   // Caller buffers the runtime may still read (device contract), released after the next
   // BeginIteration or Flush returns.
   std::vector<pybind11::object> kept_;

@@ -126,6 +126,46 @@ def test_a_stop_signal_in_run_trainers_stops_at_a_boundary_with_a_checkpoint(tmp
     assert signal.getsignal(signum) is before  # the caller's handler is back
 
 
+def test_two_stop_signals_at_once_abort(tmp_path):
+    # Both bytes may reach the interrupt watch in one read: they still count as two.
+    def loop(trainer):
+        trainer.set_loop_state(lambda: b"x", lambda data: None)
+        for batch in trainer:
+            pooled = trainer.lookup_pooled()
+            trainer.end_iteration(torch.zeros_like(pooled))
+            if batch.iteration == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    config = make_config("oracle", 1, checkpoint_dir=str(tmp_path / "ckpt"), iterations=100000,
+                         batch_size=8)
+    with bagpipe.Job(config) as job:
+        with pytest.raises(bagpipe.JobError, match=r"interrupted \(SIGTERM\)"):
+            job.run_trainers(loop)
+            job.finish()
+
+
+def test_ctrl_c_is_the_callers_when_it_handles_sigint_itself():
+    # Without checkpoints Ctrl-C aborts the job, unless the caller installed its own handler
+    # (e.g. to stop after the epoch): that handler's call then.
+    seen = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    try:
+        with bagpipe.Job(make_config("oracle", 1)) as job:
+            (trainer,) = job.trainers
+            for batch in trainer:
+                pooled = trainer.lookup_pooled()
+                trainer.end_iteration(torch.zeros_like(pooled))
+                if batch.iteration == 3:
+                    os.kill(os.getpid(), signal.SIGINT)
+            trainer.complete()
+            assert job.finish()["iterations"] == ITERATIONS
+            assert job.aborted is None
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert seen == [signal.SIGINT]
+
+
 def test_resume_refusals_are_clear(tmp_path):
     checkpoints = tmp_path / "ckpt"
     run_stopped(make_config("oracle", 1, checkpoint_dir=str(checkpoints)), stop_at=2)

@@ -114,6 +114,9 @@ def test_initial_parameters_refuse_arguments_that_are_not_ints(call, argument):
         bagpipe.initial_logreg_parameters(4, 4, -1)
     with pytest.raises(bagpipe.ConfigError, match="num_tables = 1099511627776 is out of range"):
         bagpipe.initial_logreg_parameters(2**40, 4, 1)
+    # Each fits an int, their product does not (it wrapped to a (1, 0) weight).
+    with pytest.raises(bagpipe.ConfigError, match="65536 tables of dim 65536 make 4294967296"):
+        bagpipe.initial_logreg_parameters(65536, 65536, 1)
     # The same calls with ints work.
     weight, bias = bagpipe.initial_logreg_parameters(4, np.int64(4), 1)
     assert weight.shape == (1, 16) and bias.shape == (1,)
@@ -218,6 +221,12 @@ def test_backward_through_an_earlier_iterations_output_is_a_usage_error():
         assert job.finish()["iterations"] == 4
 
 
+def test_a_schema_with_too_many_tables_is_refused_at_once():
+    with pytest.raises(bagpipe.ConfigError, match="Schema: the schema has 40000 tables: at most "
+                                                  "32767"):
+        bagpipe.Schema([3] * 40000, num_dense=0)
+
+
 def test_all_reduce_gradients_checks_what_it_is_given():
     def loop(trainer):
         trainer.begin_iteration()
@@ -245,6 +254,15 @@ def test_all_reduce_gradients_checks_what_it_is_given():
         (trainer,) = job.trainers
         with pytest.raises(TypeError, match="parameter 0 is a str"):
             trainer.all_reduce_gradients(["weight"])
+        with pytest.raises(TypeError, match="parameters must be a tensor or an iterable of "
+                                            "tensors, got NoneType"):
+            trainer.all_reduce_gradients(None)
+        # An expanded gradient cannot hold a sum per element: refused with one trainer as with
+        # two (where the sum was computed, then torch refused to write it back).
+        expanded = torch.nn.Parameter(torch.zeros(3))
+        expanded.grad = torch.ones(1).expand(3)
+        with pytest.raises(ValueError, match="parameter 0.grad is expanded"):
+            trainer.all_reduce_gradients([expanded])
         job.abort("test over")
 
 
@@ -734,22 +752,53 @@ def test_close_from_the_data_iterable_aborts_the_job_without_killing_the_process
     assert "JobError" in result.stdout and "survived" in result.stdout
 
 
-def test_an_exception_in_save_fails_the_job_at_once(tmp_path):
+@pytest.mark.parametrize("save,message", [
+    (lambda: (_ for _ in ()).throw(KeyError("transient")), "the loop's save raised KeyError"),
+    # A save() without its return: the same failure, named (it escaped as a TypeError, the job
+    # going on, and a retry waited for the oracle until the peer timeout).
+    (lambda: None, "the loop's save returned NoneType, not bytes"),
+])
+def test_a_failing_save_fails_the_job_at_once(tmp_path, save, message):
     config = small_config(iterations=6, peer_timeout=20, checkpoint_dir=str(tmp_path),
                           checkpoint_every=2)
     with bagpipe.Job(config) as job:
         (trainer,) = job.trainers
-
-        def save():
-            raise KeyError("transient")
-
         trainer.set_loop_state(save, lambda data: None)
         start = time.monotonic()
-        with pytest.raises(bagpipe.JobError, match="the loop's save raised KeyError"):
+        with pytest.raises(bagpipe.JobError, match=message):
             for _ in trainer:
                 zero_step(trainer)
         assert time.monotonic() - start < 15
-        assert job.aborted and "KeyError" in job.aborted
+        assert job.aborted and message.split()[-1] in job.aborted
+
+
+def test_finish_before_the_loops_end_is_a_usage_error_that_changes_nothing():
+    with bagpipe.Job(small_config()) as job:
+        (trainer,) = job.trainers
+        # Before any iteration: planned iterations are left to run.
+        with pytest.raises(bagpipe.UsageError, match="finish: trainer 0: Flush before the end of "
+                           "training: iteration 0 was never run"):
+            job.finish()
+        trainer.begin_iteration()
+        with pytest.raises(bagpipe.UsageError, match="finish: trainer 0 is inside iteration 0"):
+            job.finish()
+        assert not job.aborted
+        zero_step(trainer)
+        for _ in trainer:
+            zero_step(trainer)
+        # The loop ran to its end: finish flushes and completes the trainer itself.
+        summary = job.finish()
+        assert summary["iterations"] == 4 and not job.aborted
+
+
+def test_complete_after_leaving_eval_batches_early():
+    with bagpipe.Job(small_config(eval_fraction=0.2)) as job:
+        (trainer,) = job.trainers
+        run_and_flush(trainer)
+        for _ in trainer.eval_batches():
+            break  # a held-out batch needs no ending
+        trainer.complete()
+        assert job.finish()["iterations"] > 0 and not job.aborted
 
 
 def test_complete_inside_an_iteration_is_a_usage_error_that_changes_nothing():

@@ -431,6 +431,25 @@ def test_a_second_backward_in_one_iteration_is_a_usage_error_naming_it():
         job.abort("test over")
 
 
+def test_a_refused_gradient_from_a_backward_on_another_thread_leaves_the_iteration_open():
+    with bagpipe.Job(small_config()) as job:
+        (trainer,) = job.trainers
+        tables = bagpipe.EmbeddingBags(trainer)
+        batch = trainer.begin_iteration()
+        out = tables(batch)
+        # Autograd's device threads run a CUDA backward: the loop's next call ends the iteration.
+        worker = threading.Thread(target=lambda: (out * float("nan")).sum().backward())
+        worker.start()
+        worker.join()
+        with pytest.raises(ValueError, match="pooled_grad: .* is nan"):
+            trainer.stats()
+        # Still open, as the message says: the tables look up anew and the iteration ends.
+        tables(batch).sum().backward()
+        assert trainer.begin_iteration().iteration == 1
+        assert job.aborted is None
+        job.abort("test over")
+
+
 def test_complete_before_the_last_iteration_is_a_usage_error_that_changes_nothing():
     with bagpipe.Job(small_config(iterations=3)) as job:
         (trainer,) = job.trainers
