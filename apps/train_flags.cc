@@ -12,6 +12,7 @@
 #include "core/excerpt.h"
 #include "core/metrics.h"
 #include "core/status.h"
+#include "model/dense_model.h"
 #include "trainer_hooks/checkpoint.h"
 
 namespace bagpipe {
@@ -95,16 +96,26 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
   app->add_option("--dim", config.dim, "embedding dimension")
       ->capture_default_str()
       ->check(kPositive);
+  // Layer lists are checked as flags (a usage error), not only when the model is built.
+  const CLI::Validator layers(
+      [](std::string& value) -> std::string {
+        const absl::StatusOr<std::vector<int>> parsed = ParseLayers(value);
+        return parsed.ok() ? "" : std::string(parsed.status().message());
+      },
+      "LAYERS");
   app->add_option("--bottom", flags->bottom,
                   "bottom MLP sizes, input first, last = --dim (default DENSE-64-DIM)")
+      ->check(layers)
       ->each([flags](const std::string&) { flags->bottom_given = true; });
   app->add_option("--top", flags->top, "top MLP sizes after the interaction, last = 1")
       ->capture_default_str()
+      ->check(layers)
       ->each([flags](const std::string&) { flags->top_given = true; });
   app->add_option("--model", flags->model,
                   "dlrm (the reference DLRM) or logreg (embedding-only logistic regression over "
                   "the pooled embeddings: measures the runtime, not the MLPs; CPU)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::IsMember({"dlrm", "logreg"}));
   app->add_option("--trainers,-T", config.trainers,
                   "trainers (embedded; default 1; under mpirun implied by the world size)")
       ->check(CLI::Range(1, 64));

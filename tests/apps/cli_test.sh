@@ -264,6 +264,9 @@ fi
 expect_error zero_batch "--batch-size: 0 must be > 0" train "${SHORT[@]}" --batch-size 0
 expect_error negative_iterations "--iterations: -1 must be >= 0" train "${SHORT[@]}" --iterations -1
 expect_error word_dim "--dim: 'abc' is not an integer" train "${SHORT[@]}" --dim abc
+# The model and its layer lists are checked as flags (Python's parse_train_args shares them).
+expect_error unknown_model "--model: nope not in \{dlrm,logreg\}" train "${SHORT[@]}" --model nope
+expect_error bad_layers "--bottom: .*1-2-x" train "${SHORT[@]}" --bottom 1-2-x
 expect_error twice_lr "--lr: At Most 1 required but received 2" train "${SHORT[@]}" --lr 0.1 --lr 0.2
 expect_error twice_synthetic_key "synthetic: 'samples' is given twice" \
   train --data "synthetic:samples=10,samples=20" --quiet
@@ -281,7 +284,7 @@ fi
 # --model logreg has no MLPs: --bottom and --top (even a malformed one) are ignored with a
 # warning, and its summary names no MLP.
 expect_ok logreg_ignores_mlps train --data "$MOVIELENS" --schema "$NO_DENSE_SCHEMA" --model logreg \
-  --batch-size 2048 --iterations 2 --dim 8 --bottom 3-4-8 --top not-layers --quiet \
+  --batch-size 2048 --iterations 2 --dim 8 --bottom 3-4-8 --top 5-3-1 --quiet \
   --out "$WORK/logreg_mlps"
 if ! grep -q -- "--model logreg has no MLPs: --bottom and --top are ignored" \
      "$WORK/logreg_ignores_mlps.out" ||
