@@ -55,7 +55,11 @@ absl::Status JsonLinesWriter::Start(int64_t keep_through_iteration) {
 }
 
 absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration) {
-  if (started_) return absl::FailedPreconditionError("metrics file started twice");
+  if (started_) {
+    return absl::FailedPreconditionError(
+        "metrics file started twice (one writer per job: the loop of one trainer, e.g. trainer "
+        "0, starts and writes it)");
+  }
   started_ = true;
   if (path_ == "-") {
     fd_ = STDOUT_FILENO;

@@ -88,7 +88,7 @@ absl::Status JobConfig::Validate() const {
   }
   if (!(eval_fraction >= 0 && eval_fraction < 1)) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("--eval-fraction %g: must be in [0, 1)", eval_fraction));
+        absl::StrFormat("--eval-fraction %.9g: must be in [0, 1)", eval_fraction));
   }
   if (trainers < 0 || trainers > 64) {
     return Invalid("--trainers ", trainers, ": must be in [1, 64] (0: the default)");
@@ -444,7 +444,7 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream, const 
     const int64_t eval_samples = static_cast<int64_t>(std::llround(config.eval_fraction * total));
     if (eval_samples <= 0 || eval_samples >= total) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "--eval-fraction %g of %d samples leaves no training or no evaluation data",
+          "--eval-fraction %.9g of %d samples leaves no training or no evaluation data",
           config.eval_fraction, total));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> tail, OpenSource(config.data, config.source));

@@ -508,7 +508,11 @@ class Trainer::Impl {
   }
 
   absl::Status Flush() {
-    if (in_iteration_) return absl::FailedPreconditionError("Flush inside an iteration");
+    if (in_iteration_) {
+      return absl::FailedPreconditionError(
+          "Flush inside an iteration: end the iteration first (EndIteration, which a backward "
+          "pass through the embeddings calls), then run the loop to its end");
+    }
     if (flushed_) return absl::OkStatus();
     EndCountedIteration();
     RETURN_IF_ERROR(ReleaseCurrent());
