@@ -23,8 +23,8 @@ tables, the others train (`mpirun -np 4 python3 examples/dlrm_pytorch.py --serve
 --model logreg swaps the DLRM for an embedding-only logistic regression (the runtime's own
 cost, as `bagpipe train --model logreg`). --checkpoint-dir/--checkpoint-every/--resume work as
 `bagpipe train`'s (the dense model and its optimizer are saved with torch.save); with them
-Ctrl-C or SIGTERM stops at an iteration boundary, writes a checkpoint and exits 75 with the
-line saying how to resume.
+Ctrl-C or SIGTERM (under mpirun: SIGUSR1 to mpirun, which forwards it to every rank) stops at an
+iteration boundary, writes a checkpoint and exits 75 with the line saying how to resume.
 """
 
 import os

@@ -2,7 +2,10 @@
 
 The embedding tables live on embedding servers; a lookahead oracle plans which rows each
 trainer's cache holds; the results are those of plain synchronous training (bit for bit with
-``deterministic=True``). A PyTorch model swaps its list of ``nn.EmbeddingBag`` tables for
+``deterministic=True``, given what the loop owns: every trainer's dense replica starts equal —
+``all_reduce_gradients`` refuses replicas that differ at its first call — and
+``torch.set_num_threads(1)`` keeps PyTorch's own reductions in one order, as the example does).
+A PyTorch model swaps its list of ``nn.EmbeddingBag`` tables for
 :class:`EmbeddingBags` and drives its loop itself (pull style: nothing runs on threads the library
 owns except the oracle, the servers and the prefetchers)::
 

@@ -44,9 +44,12 @@ class Normalizer:
         if "labels" not in item or "ids" not in item:
             raise ValueError(f"a batch needs 'labels' and 'ids', got keys {sorted(item)}")
         labels = _array(item["labels"], np.float32, "labels")
-        # One label a sample: [n], or the [n, 1] of a model's output; [n, 2] is not n samples.
+        # One label a sample: [n], or the [n, 1] of a model's output; [n, 2] is not n samples,
+        # and a scalar is no batch (ascontiguousarray made it [1]).
         if labels.ndim > 2 or (labels.ndim == 2 and labels.shape[1] != 1):
             raise ValueError(f"labels: expected shape (n,) or (n, 1), got {tuple(labels.shape)}")
+        if np.ndim(item["labels"]) == 0:
+            raise ValueError("labels: expected shape (n,) or (n, 1), got () (a scalar)")
         labels = labels.reshape(-1)
         n = labels.shape[0]
         if "dense" in item and item["dense"] is not None:

@@ -2,6 +2,7 @@
 
 import atexit
 import collections.abc
+import hashlib
 import io
 import json
 import numbers
@@ -9,7 +10,9 @@ import operator
 import os
 import signal
 import socket
+import sys
 import threading
+import traceback
 import weakref
 
 import numpy as np
@@ -31,7 +34,6 @@ def parse_train_args(args=None, prog="dlrm_pytorch.py", description=""):
     --help prints the help and exits; a malformed flag exits with status 2; options that
     contradict each other raise ConfigError.
     """
-    import sys
     if args is None:
         args = sys.argv[1:]
     args = [_check_text(str(a), f"parse_train_args: argument {i}", ConfigError, nul=False)
@@ -72,6 +74,16 @@ def _describe(error):
     except Exception as problem:  # a hostile __str__: the type still names the root cause
         text = f"<str() raised {type(problem).__name__}>"
     return f"{type(error).__name__}: {text}"
+
+
+def _where(error):
+    """`` (at FILE:LINE in FUNCTION)`` of the innermost frame of ``error``'s traceback, or
+    nothing: where a loop's exception came from, in the one line the job's abort prints."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" (at {frame.filename}:{frame.lineno} in {frame.name})"
 
 
 # Every Config option by kind, as _core.Config stores it (trainer_hooks/job_config.h): values
@@ -394,6 +406,8 @@ class Trainer:
         self._ended = -1
         # flush() or complete() succeeded: this trainer's training ended (run_trainers checks).
         self._flushed = False
+        # all_reduce_gradients compared the trainers' dense replicas (at its first call).
+        self._replicas_checked = False
 
     def __repr__(self):
         return f"bagpipe.Trainer({self.id} of {self.num_trainers}, {self.device})"
@@ -563,6 +577,9 @@ class Trainer:
         parameters = checked
         if self.num_trainers == 1 or not parameters:
             return
+        if not self._replicas_checked:
+            self._replicas_checked = True
+            self._check_same_replicas(parameters)
         grads = []
         for p in parameters:
             if p.grad is None:
@@ -575,6 +592,31 @@ class Trainer:
             count = g.numel()
             g.copy_(flat[offset:offset + count].view_as(g))
             offset += count
+
+    def _check_same_replicas(self, parameters):
+        """Data parallelism sums the trainers' gradients into replicas that must start equal:
+        replicas built from different random states (an unseeded model, or threads racing on
+        torch's global generator) would train apart without a word, and only trainer 0's
+        parameters would be saved. At the first all_reduce_gradients every trainer hashes its
+        parameters' values; one all-reduce of the hash's bytes and their squares tells whether
+        they all agree (the sum of squares is T times the square of the mean exactly when every
+        trainer's byte is the same; both sums are exact in float32)."""
+        digest = hashlib.blake2b(digest_size=8)
+        for p in parameters:
+            digest.update(p.detach().to("cpu").reshape(-1).view(torch.uint8).numpy().tobytes())
+        chunks = torch.tensor(list(digest.digest()), dtype=torch.float32)
+        sums = torch.cat([chunks, chunks * chunks]).to(self.device)
+        self.all_reduce_(sums)
+        sums = sums.cpu().double()  # the products below exceed float32's exact integers
+        total, squares = sums[:8], sums[8:]
+        if not torch.equal(total * total, squares * self.num_trainers):
+            raise UsageError(
+                f"all_reduce_gradients: trainer {self.id}: the trainers' dense parameters differ "
+                "at the first all-reduce: every trainer's replica must start equal (build it from "
+                "the same seed, not from threads racing on torch's global random generator, e.g. "
+                "copy one model built before run_trainers, or load "
+                "bagpipe.initial_dense_parameters); synchronous training would otherwise go on "
+                "with replicas that differ")
 
     def flush(self):
         """After the last iteration: writes every cached row back to the servers."""
@@ -599,7 +641,8 @@ class Trainer:
         """Ends this trainer's part (flushes first if needed: before the last iteration that is
         flush's UsageError, and nothing changes). ``dense``: the dense model's parameters (a
         tensor or a list of tensors, e.g. ``list(model.parameters())``; trainer 0's go into
-        params.bin and the fingerprint); ``predictions``/``labels``: held-out probabilities and
+        params.bin and the fingerprint; an iterator such as ``model.parameters()`` too);
+        ``predictions``/``labels``: held-out probabilities and
         labels in [0, 1] (summary.json's log loss and AUC; ValueError naming the first element
         outside, NaN included); ``info``: the loop's figures
         for summary.json (train_loss, iterations, samples, seconds, time_ms; checked here: a
@@ -611,6 +654,9 @@ class Trainer:
                 return None
             if isinstance(values, torch.Tensor):
                 values = [values]
+            elif isinstance(values, collections.abc.Iterator):
+                # An iterator of tensors (model.parameters()), as all_reduce_gradients takes it.
+                values = list(values)
             if isinstance(values, (list, tuple)) and values and isinstance(values[0], torch.Tensor):
                 for index, v in enumerate(values):
                     if not isinstance(v, torch.Tensor):
@@ -619,8 +665,18 @@ class Trainer:
                     if v.is_meta:
                         raise ValueError(f"complete: {what}: item {index} is a meta tensor "
                                          "(it holds no values)")
-                return torch.cat([v.detach().reshape(-1).to("cpu", torch.float32)
-                                  for v in values]).numpy()
+                    if v.is_complex():
+                        raise TypeError(f"complete: {what}: item {index} is {v.dtype} (its "
+                                        "imaginary part would be dropped)")
+                parts = [v.detach().reshape(-1).to("cpu", torch.float32) for v in values]
+                for index, (v, part) in enumerate(zip(values, parts)):
+                    # float64 beyond float32's range would become infinite without a word.
+                    if v.dtype != torch.float32 and \
+                            bool((torch.isfinite(v.detach().reshape(-1).cpu()) &
+                                  ~torch.isfinite(part)).any()):
+                        raise ValueError(f"complete: {what}: item {index} ({v.dtype}) holds a "
+                                         "value beyond float32's range")
+                return torch.cat(parts).numpy()
             return np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(-1))
         arrays = [flat(dense, "dense"), flat(predictions, "predictions"), flat(labels, "labels")]
         _check_unit_interval(arrays[1], "predictions", " (probabilities: pass torch.sigmoid of "
@@ -922,8 +978,9 @@ class Job:
     (Trainer.checkpoint_torch_state or set_loop_state) before its first iteration;
     ``checkpoint_identity``: a dict of the loop's own options a resumed job must match (e.g. the
     dense model's sizes). ``request_stop()`` — and, with checkpoints configured, the first Ctrl-C,
-    SIGTERM or SIGUSR1 (what mpirun forwards) inside ``run_trainers`` — stops the job at an
-    iteration boundary with a checkpoint;
+    SIGTERM or SIGUSR1 (what mpirun forwards to every rank) between the job's creation and its
+    close, on the main thread's process (the job holds those handlers meanwhile) — stops the job
+    at an iteration boundary with a checkpoint;
     ``finish()`` then raises Stopped saying where to resume. A second signal aborts. Without
     checkpoints, Ctrl-C aborts the job (KeyboardInterrupt) unless the caller installed a SIGINT
     handler of its own: that handler's call then.
@@ -936,6 +993,13 @@ class Job:
             raise TypeError(f"Job: config must be a bagpipe.Config, got {type(config).__name__}")
         if schema is not None and not isinstance(schema, Schema):
             raise TypeError(f"Job: schema must be a bagpipe.Schema, got {type(schema).__name__}")
+        for name, value in (("data", data), ("eval_data", eval_data)):
+            if value is not None and (isinstance(value, (str, bytes)) or
+                                      not isinstance(value, collections.abc.Iterable)):
+                raise TypeError(f"Job: {name} must be an iterable of batches (dicts), got "
+                                f"{type(value).__name__}" +
+                                (" (a data source's name goes in config.data)"
+                                 if isinstance(value, str) else ""))
         normalize = None
         if data is not None:
             if schema is None:
@@ -954,6 +1018,7 @@ class Job:
         self._signals = 0
         self._signal_lock = threading.Lock()
         self._watched = _InterruptWatch.watch(self)
+        self._previous_handlers = self._install_stop_handlers()
         _live_jobs.add(self)
 
     config = property(lambda self: Config._of(self._core.config),
@@ -997,7 +1062,12 @@ class Job:
                 results[index] = fn(trainer, *args, **kwargs)
             except BaseException as error:  # KeyboardInterrupt included: the job must stop
                 errors.append(error)
-                self.abort(f"trainer {trainer.id} raised {_describe(error)}")
+                if self.mpirun:
+                    # The abort ends this process at once (MPI_Abort): its traceback now or never.
+                    traceback.print_exception(type(error), error, error.__traceback__,
+                                              file=sys.stderr)
+                    sys.stderr.flush()
+                self.abort(f"trainer {trainer.id} raised {_describe(error)}{_where(error)}")
                 return
             # A loop that returns before its training ended leaves the other trainers waiting for
             # its part of the next iteration (its exchanges, all-reduces): the job ends now. The
@@ -1016,15 +1086,12 @@ class Job:
 
         threads = [threading.Thread(target=body, args=(i,), name=f"bagpipe-trainer-{i}")
                    for i in range(1, len(self.trainers))]
-        previous = self._install_stop_handlers()
         for thread in threads:
             thread.start()
         try:
             if self.trainers:
                 body(0)
         finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
             for thread in threads:
                 while thread.is_alive():
                     try:
@@ -1084,8 +1151,10 @@ class Job:
     def _install_stop_handlers(self):
         # With checkpoints, the first SIGINT/SIGTERM/SIGUSR1 stops at an iteration boundary
         # instead of raising KeyboardInterrupt in the loop or ending the process (the watch
-        # thread requests the stop); a second one aborts the job. Main thread only (where Python
-        # runs handlers).
+        # thread requests the stop); a second one aborts the job. From the job's start to its
+        # close, on every rank: under mpirun, rank 0 and the servers host no trainer, and the
+        # SIGUSR1 mpirun forwards reaches them in finish(). Main thread only (where Python runs
+        # handlers); close() puts the caller's handlers back.
         if not self.checkpoints or not self._watched:
             return {}
         previous = {}
@@ -1134,6 +1203,11 @@ class Job:
         """Aborts the job unless it finished, waits for calls in flight and joins its threads.
         Idempotent."""
         try:
+            previous = getattr(self, "_previous_handlers", None) or {}
+            if previous and threading.current_thread() is threading.main_thread():
+                self._previous_handlers = {}
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
             if getattr(self, "_watched", False):
                 self._watched = False
                 _InterruptWatch.unwatch(self)

@@ -71,12 +71,19 @@ TensorView ViewTensor(py::handle tensor, const std::string& what, const std::vec
                        ": a tensor with the negative bit set (a lazy negation): resolve it first "
                        "(tensor.resolve_neg())"));
     }
+    // A tensor without memory: its device is what is wrong, not its type.
+    if (py::hasattr(tensor, "device") &&
+        std::string(py::str(tensor.attr("device"))) == std::string("meta")) {
+      throw py::value_error(
+          absl::StrCat(what, ": a tensor on the meta device (it has no memory to share)"));
+    }
     try {
       capsule = tensor.attr("__dlpack__")();
     } catch (py::error_already_set& error) {
-      // E.g. torch's bool tensors, numpy's read-only arrays: not a float32 tensor DLPack can share.
+      // E.g. torch's bool tensors and tensors that require grad, numpy's read-only arrays: the
+      // producer's own reason (without the traceback into its internals that what() adds).
       throw py::type_error(absl::StrCat(
-          what, ": cannot be shared through DLPack (expected a float32 tensor): ", error.what()));
+          what, ": cannot be shared through DLPack: ", std::string(py::str(error.value()))));
     }
   } else {
     throw py::type_error(absl::StrCat(what,

@@ -194,12 +194,15 @@ def test_tensors_dlpack_cannot_share_raise_type_error():
         # PyTorch 1.13 cannot export a bool tensor through DLPack; PyTorch 2 exports it as
         # DLPack's bool type, which is not float32.
         with pytest.raises(TypeError, match="pooled_grad: (cannot be shared through DLPack|"
-                                            "expected float32, got bool$)"):
+                                            "expected float32, got bool$)") as refused:
             trainer.end_iteration(torch.zeros_like(pooled, dtype=torch.bool))
+        assert "At:" not in str(refused.value)  # the producer's reason, not its traceback
         read_only = np.zeros(tuple(pooled.shape), np.float32)
         read_only.setflags(write=False)
         with pytest.raises(TypeError, match="all_reduce_ tensor: cannot be shared"):
             trainer.all_reduce_(read_only)  # it would be written in place
+        with pytest.raises(ValueError, match="pooled_grad: a tensor on the meta device"):
+            trainer.end_iteration(torch.zeros(tuple(pooled.shape), device="meta"))
         job.abort("test over")
 
 
@@ -219,6 +222,24 @@ def test_backward_through_an_earlier_iterations_output_is_a_usage_error():
         trainer.flush()
         trainer.complete()
         assert job.finish()["iterations"] == 4
+
+
+def test_replicas_that_start_apart_are_named_at_the_first_all_reduce():
+    def loop(trainer, seeds):
+        generator = torch.Generator().manual_seed(seeds[trainer.id])
+        head = torch.nn.Parameter(torch.randn(4, generator=generator))
+        for _ in trainer:
+            zero_step(trainer)
+            head.grad = torch.ones(4)
+            trainer.all_reduce_gradients([head])
+
+    with bagpipe.Job(small_config(trainers=2)) as job:
+        job.run_trainers(loop, [1, 1])  # the same start: trains
+        job.finish()
+    with bagpipe.Job(small_config(trainers=2)) as job:
+        with pytest.raises(bagpipe.UsageError, match="the trainers' dense parameters differ at "
+                                                     "the first all-reduce"):
+            job.run_trainers(loop, [1, 2])
 
 
 def test_a_schema_with_too_many_tables_is_refused_at_once():
@@ -288,7 +309,14 @@ def test_complete_with_info_that_is_no_json_names_it():
             trainer.complete(info={"train_loss": math.nan})
         with pytest.raises(TypeError, match="complete: info: .*not JSON serializable"):
             trainer.complete(info={"model": object()})
-        trainer.complete(info={"train_loss": 0.5})
+        # dense: what would be lost in float32 is refused; an iterator of tensors is taken.
+        with pytest.raises(TypeError, match="complete: dense: item 0 is torch.complex64"):
+            trainer.complete(dense=[torch.zeros(2, dtype=torch.complex64)])
+        with pytest.raises(ValueError, match=r"item 1 \(torch.float64\) holds a value beyond "
+                                             "float32's range"):
+            trainer.complete(dense=[torch.zeros(2), torch.tensor([1e300], dtype=torch.float64)])
+        model = torch.nn.Linear(2, 1)
+        trainer.complete(dense=model.parameters(), info={"train_loss": 0.5})
         assert job.finish()["train_loss"] == 0.5
 
 

@@ -181,6 +181,13 @@ def test_bad_flag_values_and_data_specs_name_what_is_wrong(capsys):
         bagpipe.Job(small_config(data="synthetic:samples=10,samples=20"))
     with pytest.raises(bagpipe.ConfigError, match="tables=4 but rows= lists 2 tables"):
         bagpipe.Job(small_config(data="synthetic:tables=4,rows=10/20"))
+    # Data that is no iterable is named at once (eval_data=5 failed later, as a JobError).
+    with pytest.raises(TypeError, match="Job: eval_data must be an iterable of batches "
+                                        r"\(dicts\), got int"):
+        bagpipe.Job(small_config(), eval_data=5)
+    with pytest.raises(TypeError, match=r"Job: data must be .* got str \(a data source's name "
+                                        r"goes in config.data\)"):
+        bagpipe.Job(small_config(), data="synthetic:samples=10")
 
 
 def test_a_trainer_thread_that_raises_stops_the_others_with_the_root_cause():
@@ -244,6 +251,8 @@ def batches_for(schema, count, bad=None):
     (lambda item: {**item, "labels": item["labels"].reshape(16, 2)},
      r"labels: expected shape \(n,\) or \(n, 1\), got \(16, 2\)"),
     (lambda item: {**item, "labels": item["labels"][:0]}, r"dense: expected shape \(0, 2\)"),
+    (lambda item: {**item, "labels": 1.0},
+     r"labels: expected shape \(n,\) or \(n, 1\), got \(\) \(a scalar\)"),
 ])
 def test_bad_data_from_an_iterable_fails_the_job_with_its_message(bad, message):
     schema = bagpipe.Schema(table_rows=[10, 20], num_dense=2)
@@ -503,7 +512,7 @@ def test_a_trainer_function_returning_before_its_training_ended_fails_at_once():
     with bagpipe.Job(small_config(trainers=2)) as job:
         with pytest.raises(bagpipe.UsageError,
                            match=r"trainer 1's function returned before its training ended "
-                                 r"\(flush\(\) inside an iteration\)"):
+                                 r"\(flush\(\) inside an iteration: end the iteration first"):
             job.run_trainers(train)
         assert "trainer 1's function returned before" in job.aborted
     assert time.monotonic() - start < 30

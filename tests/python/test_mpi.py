@@ -5,8 +5,10 @@ a rank that fails ends every rank (no hung ranks)."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -41,6 +43,34 @@ def test_mpirun_equals_the_single_process_off_run(example, tmp_path):
     assert os.path.exists(tmp_path / "mpi" / "metrics.jsonl")  # written by trainer 0's rank
 
 
+def test_sigusr1_to_mpirun_stops_every_rank_with_a_checkpoint(tmp_path):
+    # mpirun forwards SIGUSR1 to every rank. Rank 0 and the server host no trainer: the signal
+    # reaches them outside run_trainers (in finish), where it must stop the job too, not kill
+    # the rank (SIGUSR1's default action).
+    checkpoints = tmp_path / "ckpt"
+    args = [arg if arg != "12" else "1000000" for arg in COMMON]  # runs until stopped
+    process = subprocess.Popen([MPIEXEC, "-np", "4", "--oversubscribe", sys.executable, EXAMPLE]
+                               + args + ["--cache", "oracle", "--servers", "1",
+                                         "--checkpoint-dir", str(checkpoints),
+                                         "--checkpoint-every", "20"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=child_env())
+    try:
+        deadline = time.monotonic() + 120
+        while not (checkpoints.is_dir() and any(checkpoints.glob("ckpt-*/MANIFEST*"))):
+            assert process.poll() is None and time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGUSR1)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 75, output
+    assert "--resume" in output, output
+    assert "exited on signal" not in output, output
+
+
 FAILING = """
 import sys, torch, bagpipe
 config = bagpipe.Config(data="synthetic:samples=100000000,tables=4,seed=1", batch_size=64,
@@ -61,8 +91,13 @@ with bagpipe.Job(config) as job:
 
 def test_a_failing_rank_ends_every_rank():
     result = mpirun(4, ["-c", FAILING], timeout=120)
+    output = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "failed on purpose" in result.stdout + result.stderr
+    assert "failed on purpose" in output
+    # The abort ends the failing rank at once: its line says where, and the traceback came first.
+    assert "trainer 1 raised RuntimeError: trainer 1's loop failed on purpose (at <string>:" \
+        in output, output
+    assert "Traceback (most recent call last)" in output, output
 
 
 STOPPED_ORACLE = """
