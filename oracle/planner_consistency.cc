@@ -289,11 +289,6 @@ void Planner::Impl::Consistency(int table, Iteration i) {
   wb.now[static_cast<size_t>(table)].assign(merged, 0);
   oracle_internal::MaskPairCounts& pairs = sync.pair_counts;
   pairs.Reset();
-  const bool dense = gt.index.dense();
-  std::vector<uint64_t>& bits = sync.shared_bits;
-  if (dense) bits.resize(static_cast<size_t>(table_rows(table) + 63) / 64, 0);
-  size_t first_word = bits.size();
-  size_t last_word = 0;
   for (size_t q = 0; q < merged; ++q) {
     if (q + kAhead < merged) __builtin_prefetch(&gt.rows[handles[q + kAhead]], 1);
     GlobalRow& g = gt.rows[handles[q]];
@@ -306,15 +301,7 @@ void Planner::Impl::Consistency(int table, Iteration i) {
     if ((held & (held - 1)) == 0) continue;
     g.shared_iter = static_cast<int32_t>(i);
     g.shared_index = static_cast<int32_t>(q);
-    const int64_t id = ids[q];
-    if (dense) {
-      const size_t w = static_cast<size_t>(id) / 64;
-      bits[w] |= uint64_t{1} << (id % 64);
-      first_word = std::min(first_word, w);
-      last_word = std::max(last_word, w);
-    } else {
-      sync.shared_sorted.emplace_back(id, static_cast<int32_t>(q));
-    }
+    sync.shared_sorted.emplace_back(ids[q], static_cast<int32_t>(q));
     pairs.Add(touch[q], held);
   }
   // The sizes of the sync lists: every holder lists the row; every toucher sends it to every
@@ -338,28 +325,10 @@ void Planner::Impl::Consistency(int table, Iteration i) {
   });
   sync.exchanged = exchanged;
 
-  // d. The shared rows in RowId order. Tables small enough for a direct index: a bitmap over
-  // their rows read back in order (a scan of at most table_rows / 64 words instead of a sort),
-  // its bits cleared on the way.
-  if (dense) {
-    for (size_t w = first_word; w <= last_word && w < bits.size(); ++w) {
-      for (uint64_t word = bits[w]; word != 0; word &= word - 1) {
-        sync.shared_sorted.emplace_back(static_cast<int64_t>(w * 64) + std::countr_zero(word), 0);
-      }
-      bits[w] = 0;
-    }
-    // Each row's q from the dedup, its bucket prefetched ahead (random accesses).
-    const size_t shared = sync.shared_sorted.size();
-    std::pair<int64_t, int32_t>* const sorted = sync.shared_sorted.data();
-    for (size_t s = 0; s < shared; ++s) {
-      if (s + kAhead < shared) sync.dedup.Prefetch(sorted[s + kAhead].first);
-      sorted[s].second = sync.dedup.Find(sorted[s].first);
-    }
-  } else {
-    // Row ids are distinct: ordering the pairs by id orders them (a radix sort on the id bits
-    // the table uses; a third of std::sort's instructions at these sizes).
-    RadixSortById(table_rows(table), sync.shared_sorted, sync.sort_scratch, sync.sort_counts);
-  }
+  // d. The shared rows in RowId order. Row ids are distinct: ordering the (id, q) pairs by id
+  // orders them (a radix sort on the id bits the table uses; a third of std::sort's
+  // instructions at these sizes), and each row keeps its q without a lookup.
+  RadixSortById(table_rows(table), sync.shared_sorted, sync.sort_scratch, sync.sort_counts);
   sync.shared_count = static_cast<int64_t>(sync.shared_sorted.size());
 }
 

@@ -385,10 +385,7 @@ struct TableSync {
   UninitVector<int32_t> unresolved;         // Merge scratch: rows nobody holds
   // Shared rows (at least two holders), as (row id, q) in id order.
   std::vector<std::pair<int64_t, int32_t>> shared_sorted;
-  // Scratch to order them: a bitmap over the table's rows (direct index; all zero between
-  // iterations).
-  std::vector<uint64_t> shared_bits;
-  // Scratch of the radix sort of the shared rows of tables indexed by hashing.
+  // Scratch of their radix sort.
   std::vector<std::pair<int64_t, int32_t>> sort_scratch;
   std::vector<uint32_t> sort_counts;
   // Sizes of the sync lists (Consistency): per holder h, its shared rows here; per (h, peer) at
