@@ -215,7 +215,8 @@ def train(trainer, config, flags, metrics):
         last_loss = float(sums[0] / sums[1]) if sums[1] > 0 else 0.0
         if leader:
             hit_rate = float(sums[3] / sums[2]) if sums[2] > 0 else 0.0
-            record = {"kind": "train", "iteration": first + iterations, "samples": global_samples,
+            record = {"kind": "train", "iteration": first + iterations,
+                      "iterations": interval_iterations, "samples": global_samples,
                       # No sample in the interval (a resume with no iteration left): no loss.
                       "loss": last_loss if sums[1] > 0 else None,
                       "samples_per_s": float(sums[1]) / seconds,

@@ -217,6 +217,9 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
         RETURN_IF_ERROR(options.metrics->Write(
             {{"kind", "train"},
              {"iteration", first_iteration + iterations},
+             // The iterations the line covers: fewer than --metrics-interval at the end, and
+             // after a resume from a checkpoint between two lines.
+             {"iterations", interval_iterations},
              {"samples", global_samples},
              // No sample in the interval (a resume with no iteration left): no loss.
              {"loss", sums[1] > 0 ? nlohmann::json(last_loss) : nlohmann::json(nullptr)},

@@ -162,6 +162,9 @@ def test_a_resumed_run_continues_the_metrics_as_bagpipe_train_does(example, tmp_
     assert [m["iteration"] for m in b] == [5, 7, 10, 14]
     assert [m["samples"] for m in a] == [1280, 2560, 3584]
     assert [m["samples"] for m in b] == [1280, 1792, 2560, 3584]
+    # Each line says how many iterations its loss covers: the one that straddles the resume 3.
+    assert [m["iterations"] for m in a] == [5, 5, 4]
+    assert [m["iterations"] for m in b] == [5, 2, 3, 4]
     assert b[0]["loss"] == a[0]["loss"] and b[3]["loss"] == a[2]["loss"]
     assert b[3]["final"] and resumed["train_loss"] == straight["train_loss"]
     # Resumed at its last iteration: nothing to train, no line added, no training loss.
