@@ -310,6 +310,13 @@ absl::Status PrepareCheckpointDir(const std::string& dir, const nlohmann::json& 
     return absl::InvalidArgumentError(
         absl::StrCat("--checkpoint-dir ", dir, ": cannot list: ", error.message()));
   }
+  // A resumed job clears what a killed one left: incomplete checkpoints older than the newest
+  // complete one (a kill while one was written, or while retention removed one) can never be
+  // resumed, and no later checkpoint of this job would replace them.
+  if (resuming) {
+    const auto complete = ListCheckpoints(dir);
+    if (!complete.empty()) RETURN_IF_ERROR(PruneCheckpoints(dir, 0, complete.back().first));
+  }
   return absl::OkStatus();
 }
 

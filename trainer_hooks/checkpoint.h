@@ -144,6 +144,7 @@ nlohmann::json CheckpointIdentity(const JobLayout& layout, int dim, const nlohma
 
 // Checks `dir` before a job writes checkpoints to it (creating it if missing): it must hold
 // nothing but checkpoints of this job (same identity), and none at all unless the job resumes.
+// A resuming job removes the incomplete checkpoints older than the newest complete one.
 absl::Status PrepareCheckpointDir(const std::string& dir, const nlohmann::json& identity,
                                   bool resuming);
 // Removes every complete checkpoint but the newest `keep` (0: keeps all) and every incomplete

@@ -96,7 +96,13 @@ TEST(CheckpointDirTest, HoldsOnlyThisJobsCheckpoints) {
   FakeCheckpoint(ck, 10);
   EXPECT_THAT(std::string(PrepareCheckpointDir(ck, kIdentity, false).message()),
               HasSubstr("already holds checkpoints of this job (ckpt-10)"));
+  fs::create_directories(ck + "/ckpt-12");  // being written when the job was killed
   EXPECT_TRUE(PrepareCheckpointDir(ck, kIdentity, true).ok());
+  // A resume clears incomplete checkpoints older than the newest complete one (nothing would
+  // replace them); a newer one is the resumed job's to write again.
+  EXPECT_FALSE(fs::exists(ck + "/ckpt-7"));
+  EXPECT_TRUE(fs::exists(ck + "/ckpt-12"));
+  EXPECT_TRUE(fs::exists(ck + "/ckpt-10/MANIFEST"));
   nlohmann::json other = kIdentity;
   other["--batch-size"] = 512;
   EXPECT_THAT(std::string(PrepareCheckpointDir(ck, other, true).message()),
