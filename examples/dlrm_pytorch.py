@@ -295,6 +295,8 @@ def main(argv=None):
     identity = {"model": flags["model"], "bottom": flags["bottom"], "top": flags["top"],
                 "dense optimizer": dict(config.dense_optimizer_config())}
     with bagpipe.Job(config, checkpoint_identity=identity) as job:
+        # --out DIR is this job's until it ends (rank 0 holds it, as bagpipe train's rank 0).
+        lock = bagpipe.RunDirectoryLock(flags["out"]) if flags["out"] and job.rank == 0 else None
         metrics = None
         if flags["metrics_out"] and any(t.id == 0 for t in job.trainers):
             # A run that fails leaves no earlier run's summary beside its metrics.
@@ -308,6 +310,8 @@ def main(argv=None):
             model["top"] = flags["top"]
         summary = job.finish(summary_json=flags["summary_json"] or None,
                              dump_params=flags["dump_params"] or None, model=model)
+        if lock is not None:
+            lock.release()
     if summary is not None:
         print(f"{summary['cache']}: {summary['iterations']} iterations in "
               f"{summary['train_seconds']:.2f} s, {summary['samples_per_s']:.0f} samples/s, "

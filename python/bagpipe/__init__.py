@@ -57,8 +57,8 @@ Errors: :class:`ConfigError` (options), :class:`UsageError` (calls out of order)
 (the job failed here, on another thread or on another rank, or was aborted), TypeError/ValueError
 (a tensor of the wrong dtype, shape, device or layout), KeyboardInterrupt (Ctrl-C: the job is
 aborted, every thread and rank stops), :class:`Stopped` (from ``Job.finish``: the job stopped at
-an iteration boundary — ``Job.request_stop``, or with checkpoints configured the first Ctrl-C or
-SIGTERM in ``Job.run_trainers`` — and says where to resume).
+an iteration boundary — ``Job.request_stop``, or with checkpoints configured the first Ctrl-C,
+SIGTERM or SIGUSR1 while the job is open — and says where to resume).
 
 Checkpoints: ``Config(checkpoint_dir=..., checkpoint_every=..., resume=...)`` as ``bagpipe
 train``'s flags, with the loop's own state registered by ``Trainer.checkpoint_torch_state(model,
@@ -70,13 +70,14 @@ linked, so one build serves any PyTorch with DLPack support.
 """
 
 from bagpipe.errors import ConfigError, Error, JobError, Stopped, UsageError
-from bagpipe.job import (Batch, Config, Job, MetricsWriter, Schema, Trainer,
-                         initial_dense_parameters, initial_embedding_weights,
+from bagpipe.job import (Batch, Config, Job, MetricsWriter, RunDirectoryLock, Schema,
+                         Trainer, initial_dense_parameters, initial_embedding_weights,
                          initial_logreg_parameters, parse_train_args)
 from bagpipe.nn import EmbeddingBags
 
 __all__ = [
     "Batch", "Config", "ConfigError", "EmbeddingBags", "Error", "Job", "JobError",
-    "MetricsWriter", "Schema", "Stopped", "Trainer", "UsageError", "initial_dense_parameters",
+    "MetricsWriter", "RunDirectoryLock", "Schema", "Stopped", "Trainer", "UsageError",
+    "initial_dense_parameters",
     "initial_embedding_weights", "initial_logreg_parameters", "parse_train_args",
 ]

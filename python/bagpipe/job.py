@@ -2,6 +2,8 @@
 
 import atexit
 import collections.abc
+import errno
+import fcntl
 import hashlib
 import io
 import json
@@ -13,6 +15,7 @@ import socket
 import sys
 import threading
 import traceback
+import warnings
 import weakref
 
 import numpy as np
@@ -243,6 +246,58 @@ def _make_directory(path, what):
     except OSError as error:
         raise ValueError(f"{what}: cannot create the directory {path!r}: "
                          f"{error.strerror or error}") from None
+
+
+class RunDirectoryLock:
+    """Holds a run directory for one job, as ``bagpipe train --out DIR`` does: an exclusive
+    flock(2) on DIR/.bagpipe-run.lock (the same file and lock, so a ``bagpipe train`` and a
+    Python job on one directory exclude each other too) holding the owner's pid. The directory
+    is created if missing. Raises ConfigError naming the pid when another job holds it; on a file
+    system without flock the lock is skipped with a warning (as in C++). Released by
+    ``release()``, on leaving a ``with`` block, or when the process ends (even by SIGKILL)."""
+
+    NAME = ".bagpipe-run.lock"
+
+    def __init__(self, path):
+        path = _path_text(path, "RunDirectoryLock")
+        if not path:
+            raise ValueError("RunDirectoryLock: the path is empty")
+        _make_directory(path, "RunDirectoryLock")
+        self.path = os.path.join(path, self.NAME)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            holder = os.pread(self._fd, 31, 0).decode("ascii", "replace").strip()
+            os.close(self._fd)
+            self._fd = -1
+            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                who = f"pid {holder}" if holder.isdigit() else "a process"
+                raise ConfigError(f"run directory {path} is in use by another job ({who} holds "
+                                  f"the lock {self.path!r}): two jobs writing one directory "
+                                  "would replace each other's files; wait for it to end or use "
+                                  "another directory") from None
+            warnings.warn(f"run directory {path}: cannot lock {self.path!r} ({error.strerror}): "
+                          "going on without a lock; no other job may write this directory")
+            return
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self):
+        """Releases the lock (idempotent)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+    def __del__(self):
+        self.release()
 
 
 class MetricsWriter:

@@ -5,6 +5,7 @@ on another thread or by its data (JobError with the root cause), Ctrl-C in the l
 (KeyboardInterrupt; every thread stops and the process exits)."""
 
 import ctypes
+import os
 import select
 import signal
 import subprocess
@@ -620,3 +621,13 @@ def test_ctrl_c_while_the_data_are_scanned_raises_keyboard_interrupt_at_once():
     words = result.stdout.split()
     assert words[0] == "KeyboardInterrupt", result.stdout
     assert float(words[-1]) < 20
+
+
+def test_a_run_directory_is_held_by_one_job(tmp_path):
+    run = tmp_path / "run"
+    with bagpipe.RunDirectoryLock(str(run)) as held:  # creates the directory
+        assert held.path == str(run / ".bagpipe-run.lock")
+        with pytest.raises(bagpipe.ConfigError, match=f"run directory {run} is in use by another "
+                                                      f"job \\(pid {os.getpid()} holds the lock"):
+            bagpipe.RunDirectoryLock(str(run))
+    bagpipe.RunDirectoryLock(str(run)).release()  # free again
