@@ -155,18 +155,18 @@ else
     "$(sha "$WORK/rank0_data/summary.json")"
 fi
 
-# One rank fails alone before the job starts (an MPMD launch gives rank 2 a --top it cannot
-# parse). Rank 0 must not wait for its options until the agreement's timeout (an hour; the peer
+# One rank fails alone before the job starts (an MPMD launch gives rank 2 a --trainers that
+# the world size contradicts, which it finds once it has the schema). Rank 0 must not wait for its options until the agreement's timeout (an hour; the peer
 # timeout here is 2 minutes, the whole job gets 60 s): the failed rank's goodbye ends the
 # agreement at once, naming the rank and its error, and every rank exits.
 LONE=(--batch-size 200 --iterations 20 --cache oracle --cache-rows 2500 --dim 8 --servers 1
       --quiet --peer-timeout 120)
 start=$SECONDS
 timeout -k 5 60 "$MPIEXEC" -np 2 --oversubscribe "$BAGPIPE" train --data "$SYN" "${LONE[@]}" \
-  : -np 1 --oversubscribe "$BAGPIPE" train --data "$SYN" --top 8-x-1 "${LONE[@]}" \
+  : -np 1 --oversubscribe "$BAGPIPE" train --data "$SYN" --trainers 7 "${LONE[@]}" \
   : -np 1 --oversubscribe "$BAGPIPE" train --data "$SYN" "${LONE[@]}" >"$WORK/lone.log" 2>&1
 rc=$?
-expected="rank 0 waits for a message (tag 15) from rank 2, which ended its part of the job without sending it: it ended with INVALID_ARGUMENT: MLP layer spec \"8-x-1\""
+expected="rank 0 waits for a message (tag 15) from rank 2, which ended its part of the job without sending it: it ended with INVALID_ARGUMENT: --trainers 7, but mpirun started 4 ranks"
 if [[ $rc -eq 0 || $rc -ge 124 ]] || ! grep -qF -- "$expected" "$WORK/lone.log"; then
   echo "FAIL one rank failing alone: exit $rc after $((SECONDS - start)) s, expected '$expected'"
   tail -8 "$WORK/lone.log"; failures=$((failures + 1))
