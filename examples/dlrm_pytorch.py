@@ -238,6 +238,8 @@ def train(trainer, config, flags, metrics):
 
     for batch in trainer:
         t0 = time.perf_counter()
+        if first > 0 and iterations == 0:  # resumed: the replay up to the checkpoint is no training
+            start = interval_start = t0
         logits = model(batch.dense, batch)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(
             logits, batch.labels, reduction="sum") / batch.global_batch_size

@@ -245,6 +245,12 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
   while (true) {
     ASSIGN_OR_RETURN(bool more, trainer.BeginIteration(&batch));
     if (!more) break;
+    if (first_iteration > 0 && iterations == 0) {
+      // A resumed job's clocks start at its first iteration: rank 0 replays the data stream up
+      // to the checkpoint first (seconds for a long job), which is no training time.
+      total_watch.Reset();
+      interval_watch.Reset();
+    }
     ASSIGN_OR_RETURN(const float* pooled, trainer.LookupPooled());
     const size_t pooled_size =
         static_cast<size_t>(batch.num_samples) * batch.num_tables * config.dim;
