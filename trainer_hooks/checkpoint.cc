@@ -60,7 +60,8 @@ nlohmann::json StreamJson(const StreamPosition& s) {
   return {{"batches", s.batches},
           {"samples", s.samples},
           {"epoch", s.epoch},
-          {"last_batch_crc32c", s.last_batch_crc32c}};
+          {"last_batch_crc32c", s.last_batch_crc32c},
+          {"batches_crc32c", s.batches_crc32c}};
 }
 
 // Removes a checkpoint directory: its manifest first, so that it stops existing at once.
@@ -90,6 +91,15 @@ absl::Status RemoveCheckpoint(const std::string& path) {
 }
 
 }  // namespace
+
+void ConsumeBatch(const Batch& batch, StreamPosition* position) {
+  position->samples += batch.num_samples;
+  const uint32_t crc = BatchCrc32c(batch);
+  position->last_batch_crc32c = crc;
+  const uint8_t bytes[4] = {static_cast<uint8_t>(crc), static_cast<uint8_t>(crc >> 8),
+                            static_cast<uint8_t>(crc >> 16), static_cast<uint8_t>(crc >> 24)};
+  position->batches_crc32c = ExtendCrc32c(position->batches_crc32c, bytes, sizeof(bytes));
+}
 
 uint32_t BatchCrc32c(const Batch& batch) {
   uint32_t crc = 0;
@@ -184,6 +194,10 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& checkpoint) {
   ASSIGN_OR_RETURN(m.stream.samples, integer(s, "samples", 0, kMax));
   ASSIGN_OR_RETURN(m.stream.epoch, integer(s, "epoch", 0, std::numeric_limits<int>::max()));
   ASSIGN_OR_RETURN(m.stream.last_batch_crc32c, integer(s, "last_batch_crc32c", 0, kMaxU32));
+  m.chained = s.contains("batches_crc32c");
+  if (m.chained) {
+    ASSIGN_OR_RETURN(m.stream.batches_crc32c, integer(s, "batches_crc32c", 0, kMaxU32));
+  }
   if (m.stream.batches != m.iteration) {
     return bad(
         absl::StrFormat("\"stream\" counts %d batches for a checkpoint of iteration %d "
@@ -235,12 +249,29 @@ absl::Status MatchIdentity(const nlohmann::json& checkpoint, const nlohmann::jso
     if (!checkpoint.contains(key)) keys.push_back(key);
   }
   std::vector<std::string> differences;
+  auto differ = [&](const std::string& name, const nlohmann::json& theirs,
+                    const nlohmann::json& ours) {
+    differences.push_back(absl::StrFormat("option %s is %s in the checkpoint and %s here", name,
+                                          Show(theirs), Show(ours)));
+  };
   for (const std::string& key : keys) {
     const nlohmann::json theirs = checkpoint.contains(key) ? checkpoint[key] : nlohmann::json();
     const nlohmann::json ours = job.contains(key) ? job[key] : nlohmann::json();
-    if (theirs != ours) {
-      differences.push_back(absl::StrFormat("option %s is %s in the checkpoint and %s here",
-                                            Excerpt(key, 60), Show(theirs), Show(ours)));
+    if (theirs == ours) continue;
+    if (!theirs.is_object() || !ours.is_object()) {
+      differ(Excerpt(key, 60), theirs, ours);
+      continue;
+    }
+    // An option made of fields (an optimizer: kind, lr, eps...): the fields that differ.
+    std::vector<std::string> fields;
+    for (const auto& [field, value] : theirs.items()) fields.push_back(field);
+    for (const auto& [field, value] : ours.items()) {
+      if (!theirs.contains(field)) fields.push_back(field);
+    }
+    for (const std::string& field : fields) {
+      const nlohmann::json a = theirs.contains(field) ? theirs[field] : nlohmann::json();
+      const nlohmann::json b = ours.contains(field) ? ours[field] : nlohmann::json();
+      if (a != b) differ(absl::StrCat(Excerpt(key, 60), ": ", Excerpt(field, 60)), a, b);
     }
   }
   if (differences.empty()) return absl::OkStatus();
@@ -270,7 +301,8 @@ nlohmann::json CheckpointIdentity(const JobLayout& layout, int dim, const nlohma
 }
 
 absl::Status PrepareCheckpointDir(const std::string& dir, const nlohmann::json& identity,
-                                  bool resuming) {
+                                  Iteration resumed_from) {
+  const bool resuming = resumed_from >= 0;
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) {
@@ -315,6 +347,14 @@ absl::Status PrepareCheckpointDir(const std::string& dir, const nlohmann::json& 
   // resumed, and no later checkpoint of this job would replace them.
   if (resuming) {
     const auto complete = ListCheckpoints(dir);
+    if (!complete.empty() && complete.back().first > resumed_from) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--checkpoint-dir ", dir, " holds ", fs::path(complete.back().second).filename().string(),
+          ", newer than the checkpoint this job resumes from (", CheckpointName(resumed_from),
+          "): they come from another run, and a later resume of the directory would go on with "
+          "that run. Resume from the newest (--resume ",
+          dir, "), remove the newer checkpoints, or write to another --checkpoint-dir"));
+    }
     if (!complete.empty()) RETURN_IF_ERROR(PruneCheckpoints(dir, 0, complete.back().first));
   }
   return absl::OkStatus();
@@ -419,6 +459,10 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
       BAGPIPE_LOG(WARNING) << "checkpoint " << path << " is at iteration " << manifest.iteration
                            << ", this job's last (--iterations): no iteration is left to train";
     }
+    // The directory it writes to, before anything is read (the stream's replay takes a while).
+    if (writes()) {
+      RETURN_IF_ERROR(PrepareCheckpointDir(options_.dir, options_.identity, manifest.iteration));
+    }
     const CheckpointFile* loop = manifest.Find(kLoopStateName);
     if (loop == nullptr) {
       return absl::DataLossError(
@@ -446,25 +490,44 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
     // Meanwhile, the stream is read up to the checkpoint (dictionaries rebuild the same ids).
     Batch batch;
     StreamPosition position;
+    bool ended = false;
     // Bounded by the samples and epoch too: a stream of several epochs has no end, and a
     // manifest naming more batches than its samples allow would be read forever.
     while (position.batches < manifest.stream.batches &&
            position.samples < manifest.stream.samples && train.epoch() <= manifest.stream.epoch) {
       ASSIGN_OR_RETURN(const bool got, train.Next(&batch));
-      if (!got) break;
+      if (!got) {
+        ended = true;
+        break;
+      }
       ++position.batches;
-      position.samples += batch.num_samples;
-      position.last_batch_crc32c = BatchCrc32c(batch);
+      ConsumeBatch(batch, &position);
     }
     position.epoch = train.epoch();
-    if (!(position == manifest.stream)) {
+    StreamPosition expected = manifest.stream;
+    if (!manifest.chained) expected.batches_crc32c = position.batches_crc32c;  // not recorded
+    if (ended && position.batches < expected.batches) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "checkpoint %s is at iteration %d, past the end of this job's data: it ends after %d "
+          "batches (%d samples, epoch %d) — raise --epochs or --max-samples to train on from "
+          "the checkpoint, or this job's data differ (another dataset or --batch-size)",
+          path, manifest.iteration, position.batches, position.samples, position.epoch));
+    }
+    if (!(position == expected)) {
+      const bool before = position.batches == expected.batches &&
+                          position.samples == expected.samples &&
+                          position.epoch == expected.epoch &&
+                          position.last_batch_crc32c == expected.last_batch_crc32c;
       return absl::FailedPreconditionError(absl::StrFormat(
           "checkpoint %s does not match this job's data: it was taken after %d batches (%d "
-          "samples, epoch %d, last batch CRC32C %08x); this job's data gives %d batches (%d "
-          "samples, epoch %d, CRC32C %08x) — a different dataset, order or --batch-size",
-          path, manifest.stream.batches, manifest.stream.samples, manifest.stream.epoch,
-          manifest.stream.last_batch_crc32c, position.batches, position.samples, position.epoch,
-          position.last_batch_crc32c));
+          "samples, epoch %d, CRC32C %08x of the last batch, %08x of all); this job's data "
+          "gives %d batches (%d samples, epoch %d, CRC32C %08x, %08x) — %s",
+          path, expected.batches, expected.samples, expected.epoch, expected.last_batch_crc32c,
+          expected.batches_crc32c, position.batches, position.samples, position.epoch,
+          position.last_batch_crc32c, position.batches_crc32c,
+          before ? "the batches before the last one differ (lines changed or reordered: a "
+                   "dictionary would give values other ids)"
+                 : "a different dataset, order or --batch-size"));
     }
     for (int s = 0; s < layout_.servers; ++s) {
       ASSIGN_OR_RETURN(Message message,
@@ -483,9 +546,8 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
     last_written_ = start.iteration;
     BAGPIPE_LOG(INFO) << "resumed from " << path << " at iteration " << start.iteration;
   }
-  if (writes()) {
-    RETURN_IF_ERROR(
-        PrepareCheckpointDir(options_.dir, options_.identity, !options_.resume.empty()));
+  if (writes() && options_.resume.empty()) {
+    RETURN_IF_ERROR(PrepareCheckpointDir(options_.dir, options_.identity, -1));
   }
   return start;
 }

@@ -19,9 +19,11 @@
 //  - the dense parameters, the dense optimizer state and the loop's counters: the training
 //    loop's LoopState (trainer_hooks/trainer.h), saved by trainer 0 (every trainer holds the
 //    same replica) and restored on every trainer.
-//  - the data stream position: batches and samples consumed, the epoch, and a CRC32C of the last
-//    batch consumed. A resumed job reads the stream again up to K (so dictionary-encoded
-//    sources rebuild the same ids) and checks all four.
+//  - the data stream position: batches and samples consumed, the epoch, a CRC32C of the last
+//    batch consumed and one chained over every batch. A resumed job reads the stream again up
+//    to K (so dictionary-encoded sources rebuild the same ids) and checks all five: a change
+//    anywhere in the batches before K (say two lines swapped, which swaps the ids a dictionary
+//    gives their values) is refused, not trained on with rows that now mean other values.
 //  - RNGs: none carry state across iterations. Row initial values are a pure function of (seed,
 //    row) (core/row_init.h), the synthetic source derives every sample from (seed, position),
 //    the dense model draws its initial parameters once from the seed (then they are saved).
@@ -92,11 +94,16 @@ struct StreamPosition {
   int64_t samples = 0;  // samples consumed
   int epoch = 0;
   uint32_t last_batch_crc32c = 0;  // of the last batch consumed (0: none)
+  // Chained over every batch consumed: the CRC32C of their CRC32Cs in order (little-endian).
+  uint32_t batches_crc32c = 0;
   bool operator==(const StreamPosition&) const = default;
 };
 
 // CRC32C of a batch's contents (labels, dense features, offsets, ids).
 uint32_t BatchCrc32c(const Batch& batch);
+// Counts a consumed batch in `position`: its samples and CRC32Cs (not `batches`, which the
+// caller keeps).
+void ConsumeBatch(const Batch& batch, StreamPosition* position);
 
 struct CheckpointFile {
   std::string name;  // within the checkpoint's directory
@@ -107,7 +114,10 @@ struct CheckpointManifest {
   Iteration iteration = 0;
   nlohmann::json identity = nlohmann::json::object();
   StreamPosition stream;
-  int64_t every = 0;                  // the --checkpoint-every of the job that wrote it
+  int64_t every = 0;  // the --checkpoint-every of the job that wrote it
+  // false: written before manifests recorded StreamPosition::batches_crc32c (a resume then
+  // checks the last batch only).
+  bool chained = true;
   std::vector<CheckpointFile> files;  // trainer.bin, then the servers' shards in server order
   const CheckpointFile* Find(std::string_view name) const;
 };
@@ -143,10 +153,13 @@ nlohmann::json CheckpointIdentity(const JobLayout& layout, int dim, const nlohma
                                   uint64_t seed, const std::vector<int64_t>& table_rows);
 
 // Checks `dir` before a job writes checkpoints to it (creating it if missing): it must hold
-// nothing but checkpoints of this job (same identity), and none at all unless the job resumes.
-// A resuming job removes the incomplete checkpoints older than the newest complete one.
+// nothing but checkpoints of this job (same identity), and none at all unless the job resumes
+// (from the checkpoint of iteration `resumed_from`; -1: a fresh start), then none newer than
+// that one (another run's: the job's own would mix with them, and a later resume of the
+// directory would go on with that run). A resuming job removes the incomplete checkpoints
+// older than the newest complete one.
 absl::Status PrepareCheckpointDir(const std::string& dir, const nlohmann::json& identity,
-                                  bool resuming);
+                                  Iteration resumed_from);
 // Removes every complete checkpoint but the newest `keep` (0: keeps all) and every incomplete
 // one older than `newest`. Each goes by its MANIFEST first, so a half-removed one does not
 // exist.

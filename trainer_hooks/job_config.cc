@@ -237,21 +237,21 @@ absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_si
   checkpoint.identity["--max-samples"] = source.max_samples;
   if (!source.schema.empty()) checkpoint.identity["--schema"] = source.schema;
   if (absl::StartsWith(data, "synthetic")) checkpoint.identity["--data"] = data;
+  // --resume alone goes on writing to the directory it resumes from; to any directory, every as
+  // many iterations as the checkpoint's job did unless --checkpoint-every says otherwise.
   if (!resume.empty() && checkpoint.dir.empty()) {
-    // --resume alone goes on writing to the directory it resumes from, every as many iterations
-    // as the checkpoint's job did.
     namespace fs = std::filesystem;
     std::error_code error;
     const bool is_checkpoint = fs::exists(fs::path(resume) / kManifestName, error);
     checkpoint.dir = is_checkpoint ? CheckpointParent(resume) : resume;
     if (checkpoint.dir.empty()) checkpoint.dir = ".";
-    if (checkpoint.every == 0) {
-      // Unreadable here: the job reports why when it resumes.
-      absl::StatusOr<std::string> path = ResolveCheckpoint(resume);
-      if (path.ok()) {
-        absl::StatusOr<CheckpointManifest> manifest = ReadManifest(*path);
-        if (manifest.ok()) checkpoint.every = manifest->every;
-      }
+  }
+  if (!resume.empty() && checkpoint.every == 0) {
+    // Unreadable here: the job reports why when it resumes.
+    absl::StatusOr<std::string> path = ResolveCheckpoint(resume);
+    if (path.ok()) {
+      absl::StatusOr<CheckpointManifest> manifest = ReadManifest(*path);
+      if (manifest.ok()) checkpoint.every = manifest->every;
     }
   }
   RETURN_IF_ERROR(ValidateJobOptions(options));

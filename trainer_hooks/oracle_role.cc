@@ -189,11 +189,14 @@ class OracleRunner {
           ASSIGN_OR_RETURN(got, train.Next(&batch));
           stats_->read_seconds += read_watch.Seconds();
           stream_end = !got;
+          if (stream_end && next == start.iteration && start.iteration > 0) {
+            BAGPIPE_LOG(WARNING) << "the data end at the checkpoint resumed from (iteration "
+                                 << next << "): no iteration is left to train";
+          }
         }
         Stopwatch push_watch;
         if (got) {
-          position.samples += batch.num_samples;
-          position.last_batch_crc32c = BatchCrc32c(batch);
+          ConsumeBatch(batch, &position);
           // The batch's buffers come back for the next read.
           RETURN_IF_ERROR(Annotate(planner->Push(std::move(batch), &batch),
                                    absl::StrCat("planning global batch ", next)));

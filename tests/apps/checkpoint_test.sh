@@ -213,10 +213,10 @@ refuse option_dim "option --dim is 8 in the checkpoint and 16 here" --batch-size
   --trainers 2 --resume "$good"
 refuse option_batch "option --batch-size is 256 in the checkpoint and 512 here" \
   --resume "$good" --batch-size 512 --dim 8 --trainers 2
-refuse option_lr "option (dense|embedding) optimizer is .* in the checkpoint and .*0\.1.* here" \
+refuse option_lr "option (dense|embedding) optimizer: lr is 0\.05[0-9]* in the checkpoint and 0\.1[0-9]* here" \
   "${T2[@]}" --resume "$good" --lr 0.1
 # The dense optimizer's eps changes the training too (the job's dense optimizer is adagrad).
-refuse option_dense_eps "option dense optimizer is .*\"eps\":9\.9.* in the checkpoint and .*\"eps\":0\.1.* here" \
+refuse option_dense_eps "option dense optimizer: eps is 9\.9[0-9e.-]* in the checkpoint and 0\.1[0-9]* here" \
   "${T2[@]}" --resume "$good" --dense-eps 0.1
 refuse option_trainers "option --trainers is 2 in the checkpoint and 1 here" \
   "${B[@]}" --resume "$good" --trainers 1
@@ -243,6 +243,61 @@ if train at_iterations "${T2[@]}" --iterations $N --cache oracle --resume "$good
 else
   fail "at_iterations: $(tail -3 "$WORK/at_iterations.log")"
 fi
+
+# A resume from an older checkpoint into a directory holding newer ones (another run's) is
+# refused before the stream is read: the runs' checkpoints would mix.
+refuse older_checkpoint \
+  "holds $latest, newer than the checkpoint this job resumes from \(ckpt-20\).*--resume $good" \
+  "${T2[@]}" --resume "$good/ckpt-20"
+# Resumed into another directory, the job checkpoints as often as the checkpoint's did (every 4).
+if train moved "${T2[@]}" --iterations 30 --cache oracle --resume "$good" \
+  --checkpoint-dir "$WORK/ck_moved" --out "$WORK/moved" &&
+  [[ "$(ls "$WORK/ck_moved" | tr '\n' ' ')" == "ckpt-28 ckpt-30 " ]]; then
+  echo "ok   moved (resumed into another directory: every 4 as before)"
+else
+  fail "moved: checkpoints $(ls "$WORK/ck_moved" | tr '\n' ' '): $(tail -3 "$WORK/moved.log")"
+fi
+
+# The data before the checkpoint: a change in any batch is refused (here one label of the first
+# batch; the last batch's CRC32C alone missed it), and a checkpoint past the end of this job's
+# data (fewer --epochs) is named as such.
+head -n 3001 "$(dirname "$0")/../fixtures/movielens_small.csv" >"$WORK/ml.csv"  # 12 batches
+sed '2s/,3$/,5/' "$WORK/ml.csv" >"$WORK/ml_changed.csv"
+cmp -s "$WORK/ml.csv" "$WORK/ml_changed.csv" && fail "ml_changed: the data did not change"
+ml() {  # ml NAME FILE ARGS...
+  local name=$1 file=$2
+  shift 2
+  "$BAGPIPE" train --data "csv:$file" --batch-size 256 --dim 8 --trainers 1 --cache oracle \
+    --schema 'label=rating>3.5; dense=year; sparse=userId,movieId,split(genres,|)' \
+    --deterministic --quiet "$@" >"$WORK/$name.log" 2>&1
+}
+expect_ml() {  # expect_ml NAME RC REGEX: the run's exit status and a line of its log
+  local rc
+  rc=$(tail -1 "$WORK/$1.rc")
+  if [[ "$rc" == "$2" ]] && grep -Eq -- "$3" "$WORK/$1.log"; then
+    echo "ok   $1 (exit $rc: $(grep -Em1 -- "$3" "$WORK/$1.log" | cut -c1-160))"
+  else
+    fail "$1: exit $rc (expected $2 and '$3'): $(tail -2 "$WORK/$1.log")"
+  fi
+}
+ml ml_run "$WORK/ml.csv" --iterations 8 --checkpoint-dir "$WORK/ck_ml" --out "$WORK/ml_run" || fail "ml_run"
+before=$(snapshot "$WORK/ck_ml")
+ml ml_changed "$WORK/ml_changed.csv" --iterations 10 --resume "$WORK/ck_ml" --out "$WORK/ml_changed"
+echo $? >"$WORK/ml_changed.rc"
+expect_ml ml_changed 1 "does not match this job's data: .* the batches before the last one differ"
+[[ "$before" == "$(snapshot "$WORK/ck_ml")" ]] || fail "ml_changed: the refusal changed the checkpoints"
+ml ml_same "$WORK/ml.csv" --iterations 10 --resume "$WORK/ck_ml" --out "$WORK/ml_same"
+echo $? >"$WORK/ml_same.rc"
+expect_ml ml_same 0 "resumed from .*ckpt-8 at iteration 8"
+ml ml_epochs "$WORK/ml.csv" --epochs 2 --iterations 16 --checkpoint-dir "$WORK/ck_ml2" \
+  --out "$WORK/ml_epochs" || fail "ml_epochs"
+ml ml_one_epoch "$WORK/ml.csv" --epochs 1 --resume "$WORK/ck_ml2" --out "$WORK/ml_one_epoch"
+echo $? >"$WORK/ml_one_epoch.rc"
+expect_ml ml_one_epoch 1 "is at iteration 16, past the end of this job's data: it ends after 12 batches .*raise --epochs"
+ml ml_end "$WORK/ml.csv" --epochs 1 --checkpoint-dir "$WORK/ck_ml3" --out "$WORK/ml_end" || fail "ml_end"
+ml ml_end_again "$WORK/ml.csv" --epochs 1 --resume "$WORK/ck_ml3" --out "$WORK/ml_end"
+echo $? >"$WORK/ml_end_again.rc"
+expect_ml ml_end_again 0 "the data end at the checkpoint resumed from \(iteration 12\): no iteration is left"
 
 # Damaged copies of the good checkpoint: a flipped byte anywhere, a truncation, another format.
 damaged() {  # damaged NAME: a fresh copy of the latest checkpoint in $WORK/ck_dmg_NAME

@@ -30,6 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class TempDir {
  public:
@@ -76,6 +77,16 @@ TEST(CheckpointIdentityTest, NamesTheOptionAndBothValues) {
   other["--model"] = "dlrm";
   EXPECT_THAT(std::string(MatchIdentity(kIdentity, other, "ck").message()),
               HasSubstr("option --model is (not set) in the checkpoint and \"dlrm\" here"));
+  // An option made of fields names the fields that differ.
+  nlohmann::json ours = kIdentity;
+  nlohmann::json theirs = kIdentity;
+  theirs["optimizer"] = {{"kind", "adagrad"}, {"lr", 0.01}, {"eps", 1e-8}};
+  ours["optimizer"] = {{"kind", "adagrad"}, {"lr", 0.5}, {"eps", 1e-8}, {"decay", 1}};
+  const std::string fields(MatchIdentity(theirs, ours, "ck").message());
+  EXPECT_THAT(fields, HasSubstr("option optimizer: lr is 0.01 in the checkpoint and 0.5 here; "
+                                "option optimizer: decay is (not set) in the checkpoint and 1 "
+                                "here"));
+  EXPECT_THAT(fields, Not(HasSubstr("kind")));
   // A foreign manifest that differs in every one of a thousand long options: a short message.
   nlohmann::json foreign;
   for (int k = 0; k < 1000; ++k) foreign[absl::StrCat("--", std::string(100, 'k'), k)] = k;
@@ -87,28 +98,35 @@ TEST(CheckpointIdentityTest, NamesTheOptionAndBothValues) {
 TEST(CheckpointDirTest, HoldsOnlyThisJobsCheckpoints) {
   TempDir dir;
   const std::string ck = dir / "ck";
-  EXPECT_TRUE(PrepareCheckpointDir(ck, kIdentity, false).ok());  // created
+  EXPECT_TRUE(PrepareCheckpointDir(ck, kIdentity, -1).ok());  // created
   EXPECT_TRUE(fs::is_directory(ck));
   std::ofstream(ck + "/.MANIFEST.tmp-1-0") << "left by a killed writer";
-  EXPECT_TRUE(PrepareCheckpointDir(ck, kIdentity, false).ok());
+  EXPECT_TRUE(PrepareCheckpointDir(ck, kIdentity, -1).ok());
   fs::create_directories(ck + "/ckpt-7");  // incomplete: does not exist as a checkpoint
-  EXPECT_TRUE(PrepareCheckpointDir(ck, kIdentity, false).ok());
+  EXPECT_TRUE(PrepareCheckpointDir(ck, kIdentity, -1).ok());
   FakeCheckpoint(ck, 10);
-  EXPECT_THAT(std::string(PrepareCheckpointDir(ck, kIdentity, false).message()),
+  EXPECT_THAT(std::string(PrepareCheckpointDir(ck, kIdentity, -1).message()),
               HasSubstr("already holds checkpoints of this job (ckpt-10)"));
   fs::create_directories(ck + "/ckpt-12");  // being written when the job was killed
-  EXPECT_TRUE(PrepareCheckpointDir(ck, kIdentity, true).ok());
+  EXPECT_TRUE(PrepareCheckpointDir(ck, kIdentity, 10).ok());
   // A resume clears incomplete checkpoints older than the newest complete one (nothing would
   // replace them); a newer one is the resumed job's to write again.
   EXPECT_FALSE(fs::exists(ck + "/ckpt-7"));
   EXPECT_TRUE(fs::exists(ck + "/ckpt-12"));
   EXPECT_TRUE(fs::exists(ck + "/ckpt-10/MANIFEST"));
+  // Resuming an older checkpoint into a directory with newer ones (another run's) is refused,
+  // and nothing is removed.
+  const std::string older(PrepareCheckpointDir(ck, kIdentity, 5).message());
+  EXPECT_THAT(older, HasSubstr("holds ckpt-10, newer than the checkpoint this job resumes from "
+                               "(ckpt-5)"));
+  EXPECT_TRUE(fs::exists(ck + "/ckpt-10/MANIFEST"));
+  EXPECT_TRUE(fs::exists(ck + "/ckpt-12"));
   nlohmann::json other = kIdentity;
   other["--batch-size"] = 512;
-  EXPECT_THAT(std::string(PrepareCheckpointDir(ck, other, true).message()),
+  EXPECT_THAT(std::string(PrepareCheckpointDir(ck, other, 10).message()),
               HasSubstr("holds another job's checkpoints"));
   std::ofstream(ck + "/notes.txt") << "x";
-  EXPECT_THAT(std::string(PrepareCheckpointDir(ck, kIdentity, true).message()),
+  EXPECT_THAT(std::string(PrepareCheckpointDir(ck, kIdentity, 10).message()),
               HasSubstr("holds files that are not checkpoints of this job (e.g. 'notes.txt')"));
 }
 
