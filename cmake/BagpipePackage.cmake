@@ -8,6 +8,8 @@
 #     PREFIX/lib/cmake/Bagpipe/               BagpipeConfig.cmake, its version file, the exported
 #                                             targets and the find modules of dependencies without
 #                                             a CMake package of their own
+#     PREFIX/lib/python3/dist-packages/bagpipe/  the Python package, where it is built
+#                                             (python/CMakeLists.txt, BAGPIPE_PYTHON_INSTALL_DIR)
 #
 # A project then uses find_package(Bagpipe CONFIG) and links Bagpipe::bagpipe (every component
 # and, transitively, every dependency, found again by BagpipeConfig.cmake) or one component,

@@ -69,11 +69,22 @@ see bench/RESULTS.md for what is open there). Tensors cross through DLPack; libt
 linked, so one build serves any PyTorch with DLPack support.
 """
 
+try:
+    from bagpipe import _core
+except ImportError as error:
+    # Without this, Python names a "circular import" when the sources' python/ is on the path.
+    raise ImportError(
+        f"bagpipe's compiled extension (_core) cannot be imported beside {__file__} ({error}): "
+        "import the built package (PYTHONPATH=build/python) or an installed one (cmake "
+        "--install), not the sources' python/ folder") from error
+
 from bagpipe.errors import ConfigError, Error, JobError, Stopped, UsageError
 from bagpipe.job import (Batch, Config, Job, MetricsWriter, RunDirectoryLock, Schema,
                          Trainer, initial_dense_parameters, initial_embedding_weights,
                          initial_logreg_parameters, parse_train_args)
 from bagpipe.nn import EmbeddingBags
+
+__version__ = _core.__version__
 
 __all__ = [
     "Batch", "Config", "ConfigError", "EmbeddingBags", "Error", "Job", "JobError",

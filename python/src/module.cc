@@ -20,6 +20,7 @@
 #include "core/json_fields.h"
 #include "core/metrics.h"
 #include "core/row_init.h"
+#include "core/version.h"
 #include "model/dense_model.h"
 #include "model/logreg_head.h"
 #include "pybind11/numpy.h"
@@ -280,6 +281,7 @@ Schema MakeSchema(py::object table_rows, py::object num_dense_arg,
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "Bagpipe runtime bindings (use the `bagpipe` package)";
+  m.attr("__version__") = BAGPIPE_VERSION;
   BindConfig(m);
 
   py::class_<Schema>(m, "Schema", "Tables and dense features of data given as an iterable.")
