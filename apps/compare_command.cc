@@ -98,14 +98,15 @@ absl::StatusOr<Run> LoadRun(const std::string& path) {
       run.metrics.push_back(point);
     }
   }
-  // The run directory's own params.bin first: summary.json records the path as the run gave it
-  // (relative to where it ran), which names another file once the directory is copied or moved.
-  if (fs::exists(dir / "params.bin", error)) {
-    run.params = (dir / "params.bin").string();
-  } else if (run.summary.contains("params")) {
+  // Only a run whose summary names a dump has one (a params.bin beside a summary that names
+  // none is an earlier run's). The run directory's own params.bin first (a copied or moved
+  // directory's summary still names the original), else the path the summary records (absolute;
+  // relative to where the run ran, from older builds). params_sha256 vouches for either
+  // (RunCompare).
+  if (run.summary.contains("params")) {
     absl::StatusOr<std::string> params = JsonString(run.summary, "params");
     if (!params.ok()) return Annotate(params.status(), summary_path.string());
-    run.params = *params;
+    run.params = fs::exists(dir / "params.bin", error) ? (dir / "params.bin").string() : *params;
   }
   return run;
 }
@@ -189,15 +190,21 @@ absl::Status RunCompare(const std::string& a_path, const std::string& b_path, bo
         static_cast<long long>(p.value("rows_only_in_b", int64_t{0})));
   } else if (out.contains("params")) {
     const nlohmann::json& p = out["params"];
+    // A NaN or infinite maximum (a value that is NaN or inf in one run) prints as such.
+    const int64_t nonfinite = p.value("nonfinite_differences", int64_t{0});
     std::printf(
-        "  max |a - b|: dense %.3g, embedding rows %.3g; differing values %lld; rows "
+        "  max |a - b|: dense %.3g, embedding rows %.3g; differing values %lld%s; rows "
         "only in A %lld, only in B %lld\n",
         p.value("dense_max_abs_diff", 0.0), p.value("rows_max_abs_diff", 0.0),
         static_cast<long long>(p.value("differing_values", int64_t{0})),
+        nonfinite > 0 ? absl::StrFormat(" (%d by a NaN or infinite amount)", nonfinite).c_str()
+                      : "",
         static_cast<long long>(p.value("rows_only_in_a", int64_t{0})),
         static_cast<long long>(p.value("rows_only_in_b", int64_t{0})));
   } else {
-    std::printf("  (no params.bin in both runs: compared the SHA-256 fingerprints only)\n");
+    const bool neither = a.params.empty() && b.params.empty();
+    std::printf("  (no params.bin in %s: compared the SHA-256 fingerprints only)\n",
+                neither ? "either run" : (a.params.empty() ? "run A" : "run B"));
   }
   const double speed_a = out["samples_per_s"][0].get<double>();
   const double speed_b = out["samples_per_s"][1].get<double>();

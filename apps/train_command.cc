@@ -180,11 +180,15 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
   std::unique_ptr<JsonLinesWriter> metrics;
   if (!flags.metrics_out.empty() && is_trainer0) {
     ASSIGN_OR_RETURN(metrics, JsonLinesWriter::Open(flags.metrics_out));
+    // The earlier run's summary and parameter dump, where this run writes them and in --out
+    // (a dump there from a run with --dump-params would pass for this run's).
     metrics->set_stale_on_fresh_start(
         {flags.summary_json,
          flags.dump_params.empty()
              ? std::string()
-             : (std::filesystem::path(flags.dump_params) / "params.bin").string()});
+             : (std::filesystem::path(flags.dump_params) / "params.bin").string(),
+         flags.out.empty() ? std::string()
+                           : (std::filesystem::path(flags.out) / "params.bin").string()});
     loop.metrics = metrics.get();
   }
 

@@ -178,7 +178,12 @@ absl::StatusOr<nlohmann::json> RunRecorder::Finish(const JobResult& result, cons
   }
   summary["per_server"] = std::move(per_server);
   if (!outputs_.dump_params.empty()) {
-    summary["params"] = (std::filesystem::path(outputs_.dump_params) / "params.bin").string();
+    // Absolute: `bagpipe compare` reads it from anywhere (relative to where the run ran, it
+    // named another file from elsewhere).
+    const std::filesystem::path params = std::filesystem::path(outputs_.dump_params) / "params.bin";
+    std::error_code error;
+    const std::filesystem::path absolute = std::filesystem::absolute(params, error);
+    summary["params"] = (error ? params : absolute.lexically_normal()).string();
   }
   if (!predictions.empty()) summary["eval"] = Evaluate(predictions, labels).ToJson();
   if (!outputs_.summary_json.empty()) {

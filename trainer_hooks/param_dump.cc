@@ -225,6 +225,7 @@ nlohmann::json ParamComparison::ToJson() const {
     json["dense_max_abs_diff"] = dense_max_abs_diff;
     json["rows_max_abs_diff"] = rows_max_abs_diff;
     json["differing_values"] = differing_values;
+    json["nonfinite_differences"] = nonfinite_differences;
   } else {
     json["dense_max_abs_diff"] = nullptr;
     json["rows_max_abs_diff"] = nullptr;
@@ -240,11 +241,22 @@ ParamComparison CompareParams(const ParamDump& a, const ParamDump& b) {
   c.record_floats[0] = a.record_floats;
   c.record_floats[1] = b.record_floats;
   c.comparable = a.dense.size() == b.dense.size() && a.record_floats == b.record_floats;
+  // One value pair: counted when its bits differ; a NaN difference makes the maximum NaN for
+  // good (std::max would drop it), an infinite one makes it inf unless it is NaN already.
+  auto compare = [&c](float x, float y, double* max_abs_diff) {
+    if (std::memcmp(&x, &y, sizeof(float)) == 0) return;
+    ++c.differing_values;
+    const double d = std::abs(static_cast<double>(x) - static_cast<double>(y));
+    if (!std::isfinite(d)) {
+      ++c.nonfinite_differences;
+      if (!std::isnan(*max_abs_diff)) *max_abs_diff = d;
+    } else if (!std::isnan(*max_abs_diff) && d > *max_abs_diff) {
+      *max_abs_diff = d;
+    }
+  };
   if (c.comparable) {
     for (size_t k = 0; k < a.dense.size(); ++k) {
-      if (std::memcmp(&a.dense[k], &b.dense[k], sizeof(float)) != 0) ++c.differing_values;
-      c.dense_max_abs_diff =
-          std::max<double>(c.dense_max_abs_diff, std::abs(a.dense[k] - b.dense[k]));
+      compare(a.dense[k], b.dense[k], &c.dense_max_abs_diff);
     }
   }
   const int rf = a.record_floats;
@@ -260,10 +272,7 @@ ParamComparison CompareParams(const ParamDump& a, const ParamDump& b) {
       if (c.comparable) {
         const float* x = a.records.data() + i * rf;
         const float* y = b.records.data() + j * rf;
-        for (int k = 0; k < rf; ++k) {
-          if (std::memcmp(&x[k], &y[k], sizeof(float)) != 0) ++c.differing_values;
-          c.rows_max_abs_diff = std::max<double>(c.rows_max_abs_diff, std::abs(x[k] - y[k]));
-        }
+        for (int k = 0; k < rf; ++k) compare(x[k], y[k], &c.rows_max_abs_diff);
       }
       ++i;
       ++j;

@@ -81,8 +81,12 @@ struct ParamComparison {
   bool same_shape = false;           // comparable, and the same row set
   int64_t dense_values[2] = {0, 0};  // of a, of b
   int record_floats[2] = {0, 0};
+  // NaN where a differing value is NaN in one dump and not the other (or in both, with other
+  // bits), inf where an infinite value meets another: ToJson writes them as null, with
+  // nonfinite_differences counting the values that differ that way.
   double dense_max_abs_diff = 0;
   double rows_max_abs_diff = 0;
+  int64_t nonfinite_differences = 0;
   int64_t rows_only_in_a = 0;
   int64_t rows_only_in_b = 0;
   int64_t differing_values = 0;

@@ -406,6 +406,32 @@ echo '{"kind":"train","iteration":"late","loss":1}' >>"$WORK/edited/metrics.json
 lines=$(wc -l <"$WORK/edited/metrics.jsonl")
 expect_error compare_bad_metrics "metrics.jsonl:$lines: metrics line: .iteration. is a string" \
   compare "$WORK/off" "$WORK/edited"
+# A new run in an --out whose params.bin another run dumped removes it with the old summary: its
+# own summary names no dump, and compare goes by the fingerprints (the stale file made compare
+# refuse the run).
+expect_ok stale_dump_first train --data "$SYN" --batch-size 512 --iterations 5 --quiet \
+  --out "$WORK/stale_dump" --dump-params "$WORK/stale_dump"
+expect_ok stale_dump_second train --data "$SYN" --batch-size 512 --iterations 6 --quiet \
+  --out "$WORK/stale_dump"
+if [[ -e "$WORK/stale_dump/params.bin" ]]; then
+  echo "FAIL stale_dump_second: the earlier run's params.bin stayed in --out"
+  failures=$((failures + 1))
+fi
+expect_ok compare_stale_dump compare "$WORK/stale_dump" "$WORK/off"
+grep -q "no params.bin in run A: compared the SHA-256 fingerprints only" "$WORK/compare_stale_dump.out" ||
+  { echo "FAIL compare_stale_dump: $(head -4 "$WORK/compare_stale_dump.out")"; failures=$((failures + 1)); }
+# A dump outside --out, given as a relative path: compare finds it from any directory.
+(cd "$WORK" && "$BAGPIPE" train --data "$SYN" --batch-size 512 --iterations 5 --quiet \
+  --out rel_run --dump-params rel_dump) >"$WORK/rel_run.out" 2>&1 ||
+  { echo "FAIL rel_run: $(tail -2 "$WORK/rel_run.out")"; failures=$((failures + 1)); }
+if (cd / && "$BAGPIPE" compare "$WORK/rel_run" "$WORK/rel_run") >"$WORK/rel_compare.out" 2>&1 &&
+  grep -q "parameters bit-identical: yes" "$WORK/rel_compare.out" &&
+  grep -q "max |a - b|: dense 0" "$WORK/rel_compare.out"; then
+  echo "ok   rel_compare (the dump a relative --dump-params named, compared from /)"
+else
+  echo "FAIL rel_compare: $(head -4 "$WORK/rel_compare.out")"
+  failures=$((failures + 1))
+fi
 # A summary that names a dump of other parameters (another run's, moved beside it) is refused:
 # the fingerprints differ.
 cp -r "$WORK/off" "$WORK/moved"

@@ -4,10 +4,12 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <string>
 
 #include "core/status.h"
@@ -91,6 +93,32 @@ absl::StatusOr<ParamDump> WriteAndRead(const std::string& dir, std::vector<float
   RETURN_IF_ERROR(writer->AddRow(row, b.data()));
   RETURN_IF_ERROR(writer->Finish().status());
   return ReadParamDump(dir);
+}
+
+// A value NaN or infinite in one dump: counted, and the maximum difference says so (std::max
+// used to drop a NaN difference and report 0).
+TEST_F(ParamDumpTest, NonFiniteDifferencesShowInTheMaximum) {
+  auto dump = ReadParamDump(dir_);
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  ParamDump nan = *dump;
+  nan.dense[0] = std::numeric_limits<float>::quiet_NaN();
+  nan.records[4] = 5.5f;  // a finite difference among the rows
+  ParamComparison c = CompareParams(*dump, nan);
+  EXPECT_FALSE(c.identical);
+  EXPECT_EQ(c.differing_values, 2);
+  EXPECT_EQ(c.nonfinite_differences, 1);
+  EXPECT_TRUE(std::isnan(c.dense_max_abs_diff));
+  EXPECT_DOUBLE_EQ(c.rows_max_abs_diff, 0.5);
+  EXPECT_NE(c.ToJson().dump().find("\"dense_max_abs_diff\":null"), std::string::npos);
+  EXPECT_EQ(c.ToJson()["nonfinite_differences"], 1);
+  // NaN against the same NaN is no difference; an infinite one makes the maximum inf.
+  EXPECT_TRUE(CompareParams(nan, nan).identical);
+  ParamDump inf = *dump;
+  inf.records[0] = std::numeric_limits<float>::infinity();
+  c = CompareParams(*dump, inf);
+  EXPECT_EQ(c.nonfinite_differences, 1);
+  EXPECT_TRUE(std::isinf(c.rows_max_abs_diff));
+  EXPECT_EQ(c.dense_max_abs_diff, 0.0);
 }
 
 TEST_F(ParamDumpTest, DumpsOfDifferentModelsAreNotComparedValueByValue) {
