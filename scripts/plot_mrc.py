@@ -10,6 +10,7 @@ python3-matplotlib, which `scripts/setup.sh --with-plots` installs); exits 2 wit
 """
 import argparse
 import csv
+import math
 import os
 import sys
 
@@ -31,6 +32,9 @@ def read_curves(path):
                 point = (float(row["capacity"]), float(row["miss_ratio"]))
             except (TypeError, ValueError):
                 raise ValueError(f"line {number}: bad capacity or miss_ratio: {row}") from None
+            if not (math.isfinite(point[0]) and point[0] >= 0 and 0 <= point[1] <= 1):
+                raise ValueError(f"line {number}: capacity must be a finite count and miss_ratio "
+                                 f"in [0, 1]: {row}")
             curves.setdefault(row["policy"], []).append(point)
     if not curves:
         raise ValueError("no data rows")
@@ -72,8 +76,12 @@ def main():
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    fig.savefig(args.out, dpi=120)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        fig.savefig(args.out, dpi=120)
+    except OSError as e:
+        print(f"plot_mrc.py: cannot write {args.out}: {e}", file=sys.stderr)
+        return 1
     plt.close(fig)
     print(f"wrote {args.out}")
     return 0

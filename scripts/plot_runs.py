@@ -22,7 +22,8 @@ def read_run(run_dir):
     """Returns (label, iterations, losses, samples_per_s) of one run directory."""
     metrics = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(metrics):
-        raise FileNotFoundError(f"{metrics} does not exist")
+        what = "is not a file" if os.path.exists(metrics) else "does not exist"
+        raise FileNotFoundError(f"{metrics} {what}")
     iterations, losses, rates = [], [], []
     with open(metrics) as f:
         for number, line in enumerate(f, 1):
@@ -36,8 +37,12 @@ def read_run(run_dir):
                 if not complete:
                     break  # the line a killed job was writing (core/metrics.h)
                 raise ValueError(f"{metrics}:{number}: not JSON ({e})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{metrics}:{number}: not a JSON object")
             if record.get("kind") != "train":
                 continue
+            if not isinstance(record.get("iteration"), int):
+                raise ValueError(f"{metrics}:{number}: no integer \"iteration\"")
             iterations.append(record["iteration"])
             losses.append(record.get("loss"))
             rates.append(record.get("samples_per_s"))
@@ -45,7 +50,13 @@ def read_run(run_dir):
     summary = os.path.join(run_dir, "summary.json")
     if os.path.isfile(summary):
         with open(summary) as f:
-            label = json.load(f).get("cache")
+            try:
+                record = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{summary}: not JSON ({e})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{summary}: not a JSON object")
+        label = record.get("cache")
     return label, iterations, losses, rates
 
 
@@ -98,8 +109,12 @@ def main():
         ax.legend()
         fig.tight_layout()
         path = f"{args.out}_{suffix}.png"
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        fig.savefig(path, dpi=120)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            fig.savefig(path, dpi=120)
+        except OSError as e:
+            print(f"plot_runs.py: cannot write {path}: {e}", file=sys.stderr)
+            return 1
         plt.close(fig)
         outputs.append(path)
     print("wrote " + " and ".join(outputs))

@@ -582,6 +582,35 @@ else
   failures=$((failures + 1))
 fi
 
+# The plot scripts check their inputs before they need matplotlib: a message naming the file and
+# line, exit 1, no traceback.
+PLOT_PYTHON=/usr/bin/python3
+[[ -x $PLOT_PYTHON ]] || PLOT_PYTHON=python3
+plot_error() {  # plot_error NAME REGEX SCRIPT ARGS...
+  local name=$1 regex=$2 script=$3
+  shift 3
+  "$PLOT_PYTHON" "$SRC/scripts/$script" "$@" >"$WORK/$name.out" 2>&1
+  local rc=$?
+  if [[ $rc -eq 1 ]] && grep -Eq -- "$regex" "$WORK/$name.out" &&
+     ! grep -q Traceback "$WORK/$name.out"; then
+    echo "ok   $name"
+  else
+    echo "FAIL $name: exit $rc: $(tail -3 "$WORK/$name.out")"
+    failures=$((failures + 1))
+  fi
+}
+mkdir -p "$WORK/plot_line" "$WORK/plot_summary"
+echo '[1]' >"$WORK/plot_line/metrics.jsonl"
+plot_error plot_line_not_object "plot_line/metrics.jsonl:1: not a JSON object" plot_runs.py \
+  "$WORK/plot_line" --out "$WORK/plot"
+cp "$WORK/off/metrics.jsonl" "$WORK/plot_summary/"
+echo '[]' >"$WORK/plot_summary/summary.json"
+plot_error plot_summary_not_object "plot_summary/summary.json: not a JSON object" plot_runs.py \
+  "$WORK/plot_summary" --out "$WORK/plot"
+printf 'policy,capacity,miss_ratio\noracle,100,nan\n' >"$WORK/bad_mrc.csv"
+plot_error plot_mrc_nan "line 2: capacity must be a finite count and miss_ratio in \[0, 1\]" \
+  plot_mrc.py "$WORK/bad_mrc.csv" --out "$WORK/mrc.png"
+
 if [[ $failures -gt 0 ]]; then
   echo "$failures check(s) failed"
   exit 1
