@@ -2,6 +2,7 @@
 
 import atexit
 import collections.abc
+import ctypes
 import errno
 import fcntl
 import hashlib
@@ -257,6 +258,12 @@ class RunDirectoryLock:
     ``release()``, on leaving a ``with`` block, or when the process ends (even by SIGKILL)."""
 
     NAME = ".bagpipe-run.lock"
+    _held = {}  # realpath of a directory -> how many RunDirectoryLocks of this process hold it
+
+    @classmethod
+    def held_here(cls, path):
+        """Whether a RunDirectoryLock of this process holds ``path``."""
+        return cls._held.get(os.path.realpath(path), 0) > 0
 
     def __init__(self, path):
         path = _path_text(path, "RunDirectoryLock")
@@ -264,6 +271,7 @@ class RunDirectoryLock:
             raise ValueError("RunDirectoryLock: the path is empty")
         _make_directory(path, "RunDirectoryLock")
         self.path = os.path.join(path, self.NAME)
+        self._real = None
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -282,12 +290,19 @@ class RunDirectoryLock:
             return
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+        self._real = os.path.realpath(path)
+        RunDirectoryLock._held[self._real] = RunDirectoryLock._held.get(self._real, 0) + 1
 
     def release(self):
         """Releases the lock (idempotent)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        if self._real is not None:
+            RunDirectoryLock._held[self._real] -= 1
+            if RunDirectoryLock._held[self._real] == 0:
+                del RunDirectoryLock._held[self._real]
+            self._real = None
 
     def __enter__(self):
         return self
@@ -867,9 +882,75 @@ def _close_jobs_at_exit():
     _core._shutdown()
 
 
+def _forget_jobs_in_child():
+    # A forked child has none of the jobs' threads (only the one that forked): closing its copy
+    # of a job, or destroying its runtime objects, would join threads that do not exist. The
+    # child keeps its copies alive for good (never collected) and closed to it, and forgets the
+    # signal state that served them (its stop handlers act as the ones they replaced).
+    for job in list(_live_jobs):
+        job._forked_child = True
+        job._stop_handlers = False
+        job._watched = False
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(job))
+    _live_jobs.clear()
+    _StopHandlers._lock = threading.RLock()  # another thread may have held them
+    _StopHandlers._jobs = weakref.WeakSet()
+    _InterruptWatch._lock = threading.RLock()
+    _InterruptWatch._current = None
+
+
 # The signals that stop a job with checkpoints at an iteration boundary, as they stop
 # `bagpipe train` (SIGUSR1: the one mpirun forwards to its ranks).
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+class _StopHandlers:
+    """The process's SIGINT/SIGTERM/SIGUSR1 handlers while jobs with checkpoints are open: one
+    handler for every such job, installed by the first (on the main thread) and replaced by the
+    handlers it found when the last one closes, in whatever order the jobs close. A job closed
+    on another thread (where signal.signal cannot be called) leaves the handler installed; with
+    no job left it acts as the handler it replaced (default action, ignore, or the caller's
+    function) and puts the replaced handlers back."""
+
+    _lock = threading.RLock()
+    _jobs = weakref.WeakSet()
+    _previous = {}  # signal -> the handler found when the first job installed
+
+    @staticmethod
+    def _handler(signum, frame):
+        with _StopHandlers._lock:
+            if len(_StopHandlers._jobs) > 0:
+                return  # the interrupt watch acts on it (signal.set_wakeup_fd)
+            previous = _StopHandlers._previous.get(signum)
+            _StopHandlers._restore()  # handlers run on the main thread
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:  # SIG_DFL, or a handler not set from Python
+            os.kill(os.getpid(), signum)
+
+    @classmethod
+    def _restore(cls):
+        for signum, previous in cls._previous.items():
+            if signal.getsignal(signum) is cls._handler:
+                signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+        cls._previous = {}
+
+    @classmethod
+    def install(cls, job):
+        """Main thread only."""
+        with cls._lock:
+            if not cls._previous:
+                for signum in _STOP_SIGNALS:
+                    cls._previous[signum] = signal.signal(signum, cls._handler)
+            cls._jobs.add(job)
+
+    @classmethod
+    def uninstall(cls, job):
+        with cls._lock:
+            cls._jobs.discard(job)
+            if (len(cls._jobs) == 0 and cls._previous and
+                    threading.current_thread() is threading.main_thread()):
+                cls._restore()
 
 
 class _InterruptWatch:
@@ -975,6 +1056,9 @@ class _InterruptWatch:
             del jobs
 
 
+os.register_at_fork(after_in_child=_forget_jobs_in_child)
+
+
 class _OneShot:
     """Data that is an iterator (a generator): the runtime calls iter() on its data at each pass,
     and a spent iterator would look empty ("yields no samples"). The second pass raises an error
@@ -1073,7 +1157,7 @@ class Job:
         self._signals = 0
         self._signal_lock = threading.Lock()
         self._watched = _InterruptWatch.watch(self)
-        self._previous_handlers = self._install_stop_handlers()
+        self._stop_handlers = self._install_stop_handlers()
         _live_jobs.add(self)
 
     config = property(lambda self: Config._of(self._core.config),
@@ -1211,15 +1295,9 @@ class Job:
         # SIGUSR1 mpirun forwards reaches them in finish(). Main thread only (where Python runs
         # handlers); close() puts the caller's handlers back.
         if not self.checkpoints or not self._watched:
-            return {}
-        previous = {}
-
-        def handler(signum, frame):
-            pass  # the interrupt watch acts on it (signal.set_wakeup_fd)
-
-        for signum in _STOP_SIGNALS:
-            previous[signum] = signal.signal(signum, handler)
-        return previous
+            return False
+        _StopHandlers.install(self)
+        return True
 
     def finish(self, out=None, summary_json=None, dump_params=None, model=None):
         """Waits for the job to end (after the trainers' threads are done). Rank 0 gathers every
@@ -1228,7 +1306,8 @@ class Job:
         or into ``out``/summary.json); other ranks return None. ``model``: a dict describing the
         dense model for summary.json and the params.bin header (e.g. model/bottom/top). Paths
         that cannot be written raise TypeError/ValueError before the job ends (retry with
-        others)."""
+        others), and an ``out`` another job holds (its RunDirectoryLock, or a ``bagpipe train
+        --out`` running there) ConfigError."""
         model = _json_text(model, "finish: model")
         default_summary = summary_json is None
         summary_json = _path_text(summary_json, "finish: summary_json")
@@ -1240,12 +1319,22 @@ class Job:
             _make_directory(out, "finish: out")
             if default_summary:
                 summary_json = os.path.join(out, "summary.json")
+        lock = None
         if self.rank == 0:  # the rank that writes them
             if summary_json:
                 _check_output_file(summary_json, "finish: summary_json")
             if dump_params:
                 _make_directory(dump_params, "finish: dump_params")
-        text = self._core.finish(summary_json, dump_params, model)
+            # Another job's run directory is not written into (as bagpipe train's --out): held
+            # while the files are written, unless this process holds it already (the caller's
+            # RunDirectoryLock, as examples/dlrm_pytorch.py takes for the whole run).
+            if out is not None and not RunDirectoryLock.held_here(out):
+                lock = RunDirectoryLock(out)
+        try:
+            text = self._core.finish(summary_json, dump_params, model)
+        finally:
+            if lock is not None:
+                lock.release()
         self._finished = True
         result = None if text is None else json.loads(text)
         if result is not None and "stopped" in result:
@@ -1257,12 +1346,12 @@ class Job:
     def close(self):
         """Aborts the job unless it finished, waits for calls in flight and joins its threads.
         Idempotent."""
+        if getattr(self, "_forked_child", False):
+            return  # a forked child's copy: its runtime threads are the parent's
         try:
-            previous = getattr(self, "_previous_handlers", None) or {}
-            if previous and threading.current_thread() is threading.main_thread():
-                self._previous_handlers = {}
-                for signum, handler in previous.items():
-                    signal.signal(signum, handler)
+            if getattr(self, "_stop_handlers", False):
+                self._stop_handlers = False
+                _StopHandlers.uninstall(self)
             if getattr(self, "_watched", False):
                 self._watched = False
                 _InterruptWatch.unwatch(self)

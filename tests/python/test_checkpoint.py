@@ -8,6 +8,8 @@ is refused with a clear error, and so are saving and restoring a diverged (non-f
 import contextlib
 import os
 import signal
+import threading
+import time
 
 import pytest
 import torch
@@ -124,6 +126,29 @@ def test_a_stop_signal_in_run_trainers_stops_at_a_boundary_with_a_checkpoint(tmp
     assert 2 <= stopped.iteration < ITERATIONS and results[0][0] == stopped.iteration
     assert os.path.isdir(stopped.checkpoint)
     assert signal.getsignal(signum) is before  # the caller's handler is back
+
+
+def test_stop_handlers_come_back_whatever_order_or_thread_the_jobs_close_in(tmp_path):
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    before = {s: signal.getsignal(s) for s in signals}
+    first = bagpipe.Job(make_config("oracle", 1, checkpoint_dir=str(tmp_path / "a")))
+    second = bagpipe.Job(make_config("oracle", 1, checkpoint_dir=str(tmp_path / "b")))
+    installed = signal.getsignal(signal.SIGINT)
+    assert installed is not before[signal.SIGINT]
+    first.close()  # out of creation order: the second job keeps its graceful stop
+    assert signal.getsignal(signal.SIGINT) is installed
+    second.close()
+    assert {s: signal.getsignal(s) for s in signals} == before
+    # Closed on another thread, where handlers cannot be set: the stop handler stays and acts
+    # as the one it replaced, which it then puts back.
+    third = bagpipe.Job(make_config("oracle", 1, checkpoint_dir=str(tmp_path / "c")))
+    closer = threading.Thread(target=third.close)
+    closer.start()
+    closer.join()
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    assert {s: signal.getsignal(s) for s in signals} == before
 
 
 def test_two_stop_signals_at_once_abort(tmp_path):

@@ -631,3 +631,64 @@ def test_a_run_directory_is_held_by_one_job(tmp_path):
                                                       f"job \\(pid {os.getpid()} holds the lock"):
             bagpipe.RunDirectoryLock(str(run))
     bagpipe.RunDirectoryLock(str(run)).release()  # free again
+
+
+def test_finish_does_not_write_into_a_run_directory_another_process_holds(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys, time\n"
+         "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+         "os.write(fd, b'%d\\n' % os.getpid())\n"
+         "print('held', flush=True)\n"
+         "time.sleep(120)\n", str(run / ".bagpipe-run.lock")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with bagpipe.Job(small_config()) as job:
+            job.run_trainers(lambda trainer: (
+                [zero_step(trainer) for _ in trainer], trainer.flush(), trainer.complete()))
+            with pytest.raises(bagpipe.ConfigError,
+                               match=f"run directory {run} is in use by another job "
+                                     f"\\(pid {holder.pid} holds"):
+                job.finish(out=str(run))
+            assert not (run / "summary.json").exists()
+            # Refused before the job ended: another directory still takes the summary.
+            assert job.finish(out=str(tmp_path / "other"))["iterations"] == 6
+        # The caller's own lock on the directory is this job's.
+        holder.kill()
+        holder.wait()
+        with bagpipe.RunDirectoryLock(str(run)), bagpipe.Job(small_config()) as job:
+            job.run_trainers(lambda trainer: (
+                [zero_step(trainer) for _ in trainer], trainer.flush(), trainer.complete()))
+            assert job.finish(out=str(run))["iterations"] == 6
+        assert (run / "summary.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+FORKED_WITH_AN_OPEN_JOB = """
+import os, sys
+import bagpipe
+job = bagpipe.Job(bagpipe.Config(data="synthetic:samples=2000,tables=2,scale=0.0005",
+                                 batch_size=64, iterations=4, cache="oracle", cache_rows=500,
+                                 trainers=2, dim=4))
+pid = os.fork()
+if pid == 0:
+    job.close()  # the parent's job: nothing to close here
+    sys.exit(0)  # the child's exit must not join the parent's runtime threads
+_, status = os.waitpid(pid, 0)
+print("signal" if os.WIFSIGNALED(status) else "exit", os.WTERMSIG(status) if os.WIFSIGNALED(status)
+      else os.WEXITSTATUS(status))
+job.close()
+"""
+
+
+def test_a_forked_child_of_a_process_with_an_open_job_exits_cleanly():
+    result = subprocess.run([sys.executable, "-c", FORKED_WITH_AN_OPEN_JOB], env=child_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["exit", "0"], result.stdout + result.stderr
