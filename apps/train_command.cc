@@ -6,6 +6,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -86,6 +89,69 @@ void WarnIgnoredOptions(const TrainFlags& flags) {
   }
 }
 
+// The outputs this rank writes outside --out (which its lock covers): never into another job's
+// run or checkpoint directory (each holds its lock file there); a --dump-params directory is
+// held as --out is, and a --metrics-out file by a lock file beside it (.NAME.lock): two jobs
+// appending to one metrics file would interleave their lines.
+absl::StatusOr<std::vector<std::unique_ptr<DirLock>>> LockOutputs(const TrainFlags& flags,
+                                                                  bool is_rank0, bool is_trainer0) {
+  namespace fs = std::filesystem;
+  std::vector<std::unique_ptr<DirLock>> locks;
+  // This job's run lock covers --out and --dump-params (rank 0 holds it, in this process or in
+  // another rank's): files there are checked no further.
+  auto ours = [&flags](const std::string& dir) {
+    std::error_code error;
+    for (const std::string* held : {&flags.out, &flags.dump_params}) {
+      if (!held->empty() && fs::equivalent(dir, *held, error)) return true;
+    }
+    return false;
+  };
+  auto not_anothers = [](const std::string& dir, const std::string& what) -> absl::Status {
+    RETURN_IF_ERROR(DirLock::CheckFree(dir, ".bagpipe-run.lock", what));
+    return DirLock::CheckFree(dir, kCheckpointDirLock, what);
+  };
+  if (!flags.out.empty() && is_rank0) {
+    RETURN_IF_ERROR(
+        DirLock::CheckFree(flags.out, kCheckpointDirLock, absl::StrCat("--out ", flags.out)));
+  }
+  std::error_code error;
+  if (!flags.dump_params.empty() && is_rank0 &&
+      !(!flags.out.empty() && fs::equivalent(flags.dump_params, flags.out, error))) {
+    fs::create_directories(flags.dump_params, error);  // an error is the dump's to report
+    if (!error) {
+      const std::string what = absl::StrCat("--dump-params ", flags.dump_params);
+      RETURN_IF_ERROR(DirLock::CheckFree(flags.dump_params, kCheckpointDirLock, what));
+      ASSIGN_OR_RETURN(std::unique_ptr<DirLock> lock,
+                       DirLock::Acquire(flags.dump_params, ".bagpipe-run.lock", what));
+      locks.push_back(std::move(lock));
+    }
+  }
+  auto parent = [](const std::string& file) {
+    const fs::path dir = fs::path(file).parent_path();
+    return dir.empty() ? std::string(".") : dir.string();
+  };
+  if (!flags.summary_json.empty() && flags.summary_json != "-" && is_rank0) {
+    const std::string dir = parent(flags.summary_json);
+    if (fs::is_directory(dir) && !ours(dir)) {
+      RETURN_IF_ERROR(not_anothers(dir, absl::StrCat("--summary-json ", flags.summary_json)));
+    }
+  }
+  if (!flags.metrics_out.empty() && flags.metrics_out != "-" && is_trainer0) {
+    const std::string dir = parent(flags.metrics_out);
+    const std::string what = absl::StrCat("--metrics-out ", flags.metrics_out);
+    if (fs::is_directory(dir) && !ours(dir)) {
+      RETURN_IF_ERROR(not_anothers(dir, what));
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<DirLock> lock,
+          DirLock::Acquire(
+              dir, absl::StrCat(".", fs::path(flags.metrics_out).filename().string(), ".lock"),
+              what));
+      locks.push_back(std::move(lock));
+    }
+  }
+  return locks;
+}
+
 absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport* mpi_transport) {
   const JobConfig& config = flags.config;
   // SIGINT/SIGTERM/SIGUSR1 stop the job at an iteration boundary (after MPI's own handlers).
@@ -117,6 +183,8 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
                                                   absl::StrCat("--out ", flags.out)));
     }
   }
+  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<DirLock>> output_locks,
+                   LockOutputs(flags, is_rank0, is_trainer0));
 
   // The model.
   DlrmLoopOptions loop;

@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace bagpipe {
@@ -26,6 +27,12 @@ class DirLock {
   static absl::StatusOr<std::unique_ptr<DirLock>> Acquire(const std::string& dir,
                                                           const std::string& name,
                                                           const std::string& what);
+  // Refuses (as Acquire) when another process holds DIR/`name`; creates nothing and holds
+  // nothing. For a directory this process writes without owning it: another job's run or
+  // checkpoint directory. Must not be called on a lock this process holds (flock would see it
+  // as another holder).
+  static absl::Status CheckFree(const std::string& dir, const std::string& name,
+                                const std::string& what);
   ~DirLock();
   DirLock(const DirLock&) = delete;
   DirLock& operator=(const DirLock&) = delete;

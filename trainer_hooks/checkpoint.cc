@@ -435,6 +435,9 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
     if (!error) {
       ASSIGN_OR_RETURN(lock_, DirLock::Acquire(options_.dir, kCheckpointDirLock,
                                                absl::StrCat("--checkpoint-dir ", options_.dir)));
+      // Nor another job's run directory (its --out).
+      RETURN_IF_ERROR(DirLock::CheckFree(options_.dir, ".bagpipe-run.lock",
+                                         absl::StrCat("--checkpoint-dir ", options_.dir)));
     }
   }
   if (!options_.resume.empty()) {

@@ -582,6 +582,38 @@ else
   failures=$((failures + 1))
 fi
 
+# One job's outputs are not written by another: a --metrics-out another job appends to, or a
+# --dump-params, --out or --checkpoint-dir in a running job's --out or --checkpoint-dir, is
+# refused naming the holder (the lines of two jobs interleaved in one metrics file).
+"$BAGPIPE" train --data "$SYN" --batch-size 64 --epochs 100000 --quiet --metrics-interval 1 \
+  --out "$WORK/holder" --checkpoint-dir "$WORK/holder_ck" \
+  --metrics-out "$WORK/shared_metrics.jsonl" >"$WORK/holder.log" 2>&1 &
+holder=$!
+for _ in $(seq 1 600); do
+  [[ -s "$WORK/shared_metrics.jsonl" ]] && break
+  sleep 0.1
+done
+expect_error shared_metrics \
+  "--metrics-out $WORK/shared_metrics.jsonl is in use by another job \(pid $holder holds" \
+  train --data "$SYN" --batch-size 64 --iterations 3 --quiet --metrics-out "$WORK/shared_metrics.jsonl"
+expect_error dump_into_running_out "--dump-params $WORK/holder is in use by another job \(pid $holder" \
+  train --data "$SYN" --batch-size 64 --iterations 3 --quiet --dump-params "$WORK/holder"
+expect_error out_into_running_checkpoints "--out $WORK/holder_ck is in use by another job \(pid $holder" \
+  train --data "$SYN" --batch-size 64 --iterations 3 --quiet --out "$WORK/holder_ck"
+expect_error checkpoints_into_running_out \
+  "--checkpoint-dir $WORK/holder is in use by another job \(pid $holder" \
+  train --data "$SYN" --batch-size 64 --iterations 3 --quiet --checkpoint-dir "$WORK/holder"
+kill -TERM "$holder" 2>/dev/null
+wait "$holder"
+# The holder ran alone: every iteration once in its metrics.
+if ! python3 -c "
+import json, sys
+its = [json.loads(l)['iteration'] for l in open(sys.argv[1])]
+sys.exit(0 if its and its == list(range(1, len(its) + 1)) else 1)" "$WORK/shared_metrics.jsonl"; then
+  echo "FAIL shared_metrics: the holder's metrics are not its own iterations once each"
+  failures=$((failures + 1))
+fi
+
 # The plot scripts check their inputs before they need matplotlib: a message naming the file and
 # line, exit 1, no traceback.
 PLOT_PYTHON=/usr/bin/python3
