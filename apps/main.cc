@@ -2,11 +2,8 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
-#include <new>
 #include <sstream>
-#include <stdexcept>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -16,6 +13,7 @@
 #include "core/excerpt.h"
 #include "core/logging.h"
 #include "core/signals.h"
+#include "core/status.h"
 #include "core/version.h"
 
 int main(int argc, char** argv) {
@@ -62,24 +60,9 @@ int main(int argc, char** argv) {
   bagpipe::SetLogLevel(level);
   for (const bagpipe::Subcommand& command : commands) {
     if (!command.app->parsed()) continue;
-    absl::Status status;
-    try {
-      status = command.run();
-    } catch (const std::bad_alloc&) {
-      // An allocation the up-front estimates did not foresee (e.g. under a memory limit).
-      status = absl::ResourceExhaustedError(
-          "out of memory (lower the sizes: --cache-rows, --lookahead, --batch-size, --dim)");
-    } catch (const std::system_error& e) {
-      // A thread the job could not start (a process or memory limit).
-      status = absl::ResourceExhaustedError(
-          absl::StrCat("cannot start a thread (", e.what(),
-                       "): lower --trainers or --servers, or raise the process limits "
-                       "(ulimit -u, ulimit -v)"));
-    } catch (const std::length_error& e) {
-      status = absl::ResourceExhaustedError(
-          absl::StrCat("a size too large to allocate (", e.what(),
-                       "): lower --cache-rows, --lookahead, --batch-size or --dim"));
-    }
+    // An exception escaping the command (an allocation the up-front estimates did not foresee,
+    // a thread the process could not start) is its error, not std::terminate.
+    absl::Status status = bagpipe::StatusOfCall([&] { return command.run(); });
     if (absl::IsCancelled(status)) {
       // A job stopped on request (SIGINT/SIGTERM) that can be resumed: one line says how.
       std::fprintf(stderr, "bagpipe %s: %s\n", command.app->get_name().c_str(),

@@ -13,6 +13,7 @@
 #ifndef BAGPIPE_CORE_STATUS_H_
 #define BAGPIPE_CORE_STATUS_H_
 
+#include <exception>
 #include <string_view>
 #include <utility>
 
@@ -42,6 +43,23 @@ namespace bagpipe {
 // Returns `status` with `context` prepended to its message ("context: message"); OK stays OK.
 // Used to say where an error happened as it travels up ("reading plan 12: ...").
 absl::Status Annotate(const absl::Status& status, std::string_view context);
+
+// The status of an exception that escaped the code meant to return statuses: an allocation the
+// up-front estimates did not foresee (std::bad_alloc, e.g. under a memory limit), a thread the
+// process could not start (std::system_error, or TBB's "pthread_create has failed"), a size too
+// large (std::length_error), anything else by its what(). ResourceExhausted or Internal.
+absl::Status StatusOfException(std::exception_ptr error);
+
+// Runs `body` (returning absl::Status); an exception escaping it becomes StatusOfException's
+// status. For the bodies of threads, whose escaping exception would end the process.
+template <typename Body>
+absl::Status StatusOfCall(Body&& body) {
+  try {
+    return std::forward<Body>(body)();
+  } catch (...) {
+    return StatusOfException(std::current_exception());
+  }
+}
 
 }  // namespace bagpipe
 

@@ -413,7 +413,9 @@ absl::Status Job::StartRoles() {
 
 void Job::StartRoleThread(int rank, std::function<absl::Status()> body) {
   role_threads_.push_back(RoleThread{rank, std::thread([this, rank, body = std::move(body)] {
-                                       absl::Status status = body();
+                                       // An exception (out of memory in the oracle's window or
+                                       // a server's rows) ends the job with its message.
+                                       absl::Status status = StatusOfCall(body);
                                        if (!status.ok()) {
                                          // Report the root cause, not the echo of an abort.
                                          const absl::Status root = aborted();

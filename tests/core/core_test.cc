@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <sstream>
+#include <stdexcept>
 
 #include "core/checks.h"
 #include "core/device.h"
@@ -41,6 +43,25 @@ absl::Status UsesMacros(bool fail_first, bool fail_second, int* out) {
   ASSIGN_OR_RETURN(const int value, ValueOr(fail_second));
   *out = value;
   return absl::OkStatus();
+}
+
+// An exception escaping a thread's body becomes the job's error, named by kind.
+TEST(StatusTest, ExceptionsBecomeStatuses) {
+  EXPECT_TRUE(StatusOfCall([] { return absl::OkStatus(); }).ok());
+  EXPECT_EQ(StatusOfCall([] { return absl::NotFoundError("x"); }).code(),
+            absl::StatusCode::kNotFound);
+  const absl::Status memory = StatusOfCall([]() -> absl::Status { throw std::bad_alloc(); });
+  EXPECT_EQ(memory.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(memory.message()), HasSubstr("out of memory (lower the sizes"));
+  const absl::Status thread =
+      StatusOfCall([]() -> absl::Status { throw std::runtime_error("pthread_create has failed"); });
+  EXPECT_THAT(std::string(thread.message()),
+              HasSubstr("cannot start a thread (pthread_create has failed)"));
+  const absl::Status other =
+      StatusOfCall([]() -> absl::Status { throw std::out_of_range("vector::at"); });
+  EXPECT_EQ(other.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(other.message()), HasSubstr("unexpected exception: vector::at"));
+  EXPECT_EQ(StatusOfCall([]() -> absl::Status { throw 7; }).code(), absl::StatusCode::kInternal);
 }
 
 TEST(StatusTest, MacrosPropagateErrorsAndAssignValues) {
