@@ -179,6 +179,13 @@ absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_si
     return Invalid(SplitNeedsOneTrainer(oracle_split_parts, layout.trainers));
   }
   if (schema.num_tables() == 0) return Invalid("the data has no embedding tables");
+  // --cache device holds every row at the slot of its RowId (the planner's and the cache's
+  // 32-bit slots), whatever --cache-rows says.
+  if (cache == CachePolicy::kDevice && schema.TotalRows() > std::numeric_limits<int32_t>::max()) {
+    return Invalid("--cache device: the tables' ", schema.TotalRows(),
+                   " rows exceed a cache's 2^31 - 1 slots; use --cache oracle (or lru) with "
+                   "--cache-rows");
+  }
   const int64_t rows =
       cache_rows > 0 ? cache_rows : DefaultCacheRows(schema, batch_size, layout.trainers);
   if (cache != CachePolicy::kDevice && rows > std::numeric_limits<int32_t>::max()) {
@@ -268,7 +275,9 @@ absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_si
   shape.embedded = world_size <= 0;
   shape.record_floats = RecordFloats(optimizer.kind, dim);
   shape.dim = dim;
-  shape.cache_rows = options.trainer.cache_rows;
+  // Device mode's caches hold every row (not --cache-rows, which it ignores).
+  shape.cache_rows =
+      cache == CachePolicy::kDevice ? schema.TotalRows() : options.trainer.cache_rows;
   shape.whole_tables = cache == CachePolicy::kDevice;
   shape.host_trainers = device == Backend::kCpu;
   shape.server_link = server_link;

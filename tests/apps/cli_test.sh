@@ -219,7 +219,7 @@ expect_ok latin1_column_stats data-stats --data "bin:$WORK/latin1.bin" --json
 # Flags out of range, NaN, or beyond what the machine can run: refused up front, naming the flag
 # and its value (and the estimate where the limit depends on the machine).
 SHORT=(--data "$SYN" --batch-size 512 --iterations 2 --quiet)
-expect_error huge_device_cache "--cache device \(a cache of all [0-9]+ rows\) and --batch-size" \
+expect_error huge_device_cache "--cache device: the tables' [0-9]+ rows exceed a cache's 2\^31 - 1 slots" \
   train --data "$CRITEO" --cache device --row-budget 99999999999 --iterations 1 --quiet
 expect_error huge_lookahead "--lookahead 1000000000: the oracle's window would take about [0-9.]+ TB" \
   train "${SHORT[@]}" --lookahead 1000000000
@@ -382,6 +382,10 @@ expect_error sim_huge_lookahead "--lookahead 2147483647: the oracle's window wou
   --data "$SYN" --batch-size 16 --cache-rows 100 --lookahead 2147483647 --policies oracle --quiet
 expect_error sim_huge_cache "--cache-rows 9223372036854775807: at most 2\\^31 - 1 rows" sim \
   --data "$SYN" --batch-size 16 --cache-rows 9223372036854775807 --quiet
+# --cache device holds every row: its memory is estimated from them, not from the --cache-rows
+# it ignores (more rows than 32-bit slots: huge_device_cache above).
+expect_error device_memory "--cache device \\(a cache of all 2000000000 rows\\)" \
+  train --data "synthetic:tables=2,rows=1000000000" --cache device --cache-rows 10 --quiet
 expect_error dim_too_large "--dim 2147483647: must be in \\[1, 2\\^20\\]" train --data "$SYN" \
   --dim 2147483647 --quiet
 # A damaged params.bin: shorter than its header says, then one flipped body byte. The run's own
