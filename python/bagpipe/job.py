@@ -936,6 +936,15 @@ class _StopHandlers:
         cls._previous = {}
 
     @classmethod
+    def settle(cls):
+        """On the main thread with no job left: puts back the handlers a job closed on another
+        thread left installed (they act as the replaced ones meanwhile)."""
+        with cls._lock:
+            if (len(cls._jobs) == 0 and cls._previous and
+                    threading.current_thread() is threading.main_thread()):
+                cls._restore()
+
+    @classmethod
     def install(cls, job):
         """Main thread only."""
         with cls._lock:
@@ -948,9 +957,7 @@ class _StopHandlers:
     def uninstall(cls, job):
         with cls._lock:
             cls._jobs.discard(job)
-            if (len(cls._jobs) == 0 and cls._previous and
-                    threading.current_thread() is threading.main_thread()):
-                cls._restore()
+            cls.settle()
 
 
 class _InterruptWatch:
@@ -1156,6 +1163,7 @@ class Job:
         self._ran = False
         self._signals = 0
         self._signal_lock = threading.Lock()
+        _StopHandlers.settle()
         self._watched = _InterruptWatch.watch(self)
         self._stop_handlers = self._install_stop_handlers()
         _live_jobs.add(self)

@@ -119,6 +119,7 @@ def test_stopped_and_resumed_equals_uninterrupted(tmp_path, cache, trainers):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1])
 def test_a_stop_signal_in_run_trainers_stops_at_a_boundary_with_a_checkpoint(tmp_path, signum):
     checkpoints = tmp_path / "ckpt"
+    bagpipe.job._StopHandlers.settle()  # after a job an earlier test closed on another thread
     before = signal.getsignal(signum)
     stopped, results = run_stopped(make_config("oracle", 1, checkpoint_dir=str(checkpoints)),
                                    signal_at=2, signal_number=signum)
@@ -130,6 +131,7 @@ def test_a_stop_signal_in_run_trainers_stops_at_a_boundary_with_a_checkpoint(tmp
 
 def test_stop_handlers_come_back_whatever_order_or_thread_the_jobs_close_in(tmp_path):
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    bagpipe.job._StopHandlers.settle()  # after a job an earlier test closed on another thread
     before = {s: signal.getsignal(s) for s in signals}
     first = bagpipe.Job(make_config("oracle", 1, checkpoint_dir=str(tmp_path / "a")))
     second = bagpipe.Job(make_config("oracle", 1, checkpoint_dir=str(tmp_path / "b")))
