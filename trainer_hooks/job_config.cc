@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "core/json_fields.h"
 #include "core/status.h"
+#include "data/synthetic.h"
 #include "trainer_hooks/checkpoint.h"
 #include "trainer_hooks/job_limits.h"
 #include "trainer_hooks/oracle_role.h"
@@ -270,6 +271,15 @@ absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_si
   shape.batch_size = batch_size;
   shape.num_tables = schema.num_tables();
   shape.num_dense = schema.num_dense();
+  if (absl::StartsWith(data, "synthetic:")) {
+    // Its bags' mean size (pooling=P or MIN-MAX); an invalid spec was refused when opened.
+    absl::StatusOr<SyntheticConfig> synthetic =
+        ParseSyntheticConfig(data.substr(std::string("synthetic:").size()));
+    if (synthetic.ok()) {
+      shape.ids_per_sample = static_cast<double>(schema.num_tables()) *
+                             (synthetic->pooling_min + synthetic->pooling_max) / 2.0;
+    }
+  }
   shape.trainers = layout.trainers;
   shape.servers = layout.servers;
   shape.embedded = world_size <= 0;

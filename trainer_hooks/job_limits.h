@@ -19,6 +19,9 @@ struct JobShape {
   int64_t batch_size = 1024;  // global
   int num_tables = 1;
   int num_dense = 0;
+  // Sparse ids a sample carries over all its tables, where the data say (a synthetic spec's
+  // pooling); 0: one per table.
+  double ids_per_sample = 0;
   int trainers = 1;
   int servers = 1;
   bool embedded = true;    // every role a thread of this process
@@ -35,7 +38,8 @@ struct JobShape {
 int64_t PhysicalMemoryBytes();
 
 // The oracle's window: memory that grows with --lookahead whatever the data (per window slot,
-// every trainer's per-table bookkeeping and the batch itself).
+// every trainer's per-table bookkeeping and the batch itself in plan form: offsets, each id's
+// unique index and each distinct row's records, counted as if every id were distinct).
 int64_t EstimateWindowBytes(const JobShape& shape);
 
 // The caches and per-batch buffers of the trainers this process hosts (all of them when

@@ -43,6 +43,22 @@ TEST(JobLimitsTest, TheWindowGrowsWithTheLookaheadAndIsRefusedWithItsSize) {
               AllOf(HasSubstr("--lookahead 1000000000"), HasSubstr(" TB"), HasSubstr("25.8 GB")));
 }
 
+// Bags of many ids (pooling) fill the window in proportion: a synthetic spec's pooling=20 was
+// estimated as one id a table (38 MB against 1.13 GB measured at --lookahead 500).
+TEST(JobLimitsTest, TheWindowCountsEveryIdOfABag) {
+  JobShape shape = CriteoLike();
+  shape.batch_size = 256;
+  shape.lookahead = 5000;
+  const int64_t one_hot = EstimateWindowBytes(shape);
+  shape.ids_per_sample = 20.0 * shape.num_tables;
+  const int64_t pooled = EstimateWindowBytes(shape);
+  EXPECT_GT(pooled, 10 * one_hot);
+  EXPECT_GT(pooled, int64_t{5000} * 256 * 26 * 20 * 20);  // at least 20 bytes an id
+  const absl::Status status = CheckJobLimits(shape, kMemory);
+  ASSERT_FALSE(status.ok());
+  EXPECT_THAT(status.message(), HasSubstr("a batch of 256 samples of 520 ids per window slot"));
+}
+
 TEST(JobLimitsTest, TheTrainersCachesAndBuffersAreRefusedWithTheirSize) {
   JobShape shape = CriteoLike();
   shape.cache_rows = 1000000;
