@@ -220,11 +220,12 @@ absl::Status RunServer(Transport& transport, const JobLayout& layout, int server
       if (absl::IsDeadlineExceeded(message.status())) {
         const std::string oldest = server.OldestWait();
         return fail(absl::DeadlineExceededError(absl::StrFormat(
-            "no message from any rank for %s (%d of %d trainers done, %d fetches waiting%s); a "
-            "peer died or hung, or a trainer waits for something the others do not do (e.g. an "
-            "all-reduce not every trainer calls)",
-            absl::FormatDuration(timeout), done, layout.trainers, server.waiting(),
-            oldest.empty() ? "" : absl::StrCat(": ", oldest))));
+            "no message from any rank for %s (%s; %d of %d trainers done, %d fetches "
+            "waiting%s); a peer died or hung, or a trainer waits for something the others do not "
+            "do (e.g. an all-reduce not every trainer calls)",
+            absl::FormatDuration(timeout),
+            checkpoint_phase ? "the checkpoint timeout" : "--peer-timeout", done, layout.trainers,
+            server.waiting(), oldest.empty() ? "" : absl::StrCat(": ", oldest))));
       }
       return message.status();  // aborted elsewhere
     }
