@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/atomic_file.h"
+#include "core/crc32c.h"
 #include "core/excerpt.h"
 #include "core/json_fields.h"
 #include "core/status.h"
@@ -49,12 +50,14 @@ JsonLinesWriter::~JsonLinesWriter() {
   if (fd_ >= 0 && path_ != "-") ::close(fd_);
 }
 
-absl::Status JsonLinesWriter::Start(int64_t keep_through_iteration) {
+absl::Status JsonLinesWriter::Start(int64_t keep_through_iteration,
+                                    std::optional<int64_t> first_line) {
   std::lock_guard<std::mutex> lock(mu_);
-  return StartLocked(keep_through_iteration);
+  return StartLocked(keep_through_iteration, first_line);
 }
 
-absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration) {
+absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
+                                          std::optional<int64_t> first_line) {
   if (started_) {
     return absl::FailedPreconditionError(
         "metrics file started twice (one writer per job: the loop of one trainer, e.g. trainer "
@@ -78,11 +81,23 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration) {
     std::stringstream buffer;
     buffer << in.rdbuf();
     const std::string old = buffer.str();
+    // An iteration before the resumed one in a file whose run had written no line by then.
+    std::optional<int64_t> earlier_iteration;
     size_t begin = 0;
     while (begin < old.size()) {
       const size_t end = old.find('\n', begin);
       if (end == std::string::npos) break;  // a torn last line
       const std::string_view line(old.data() + begin, end - begin);
+      if (begin == 0 && first_line.has_value() && *first_line != kNoMetricsLine &&
+          static_cast<int64_t>(Crc32c(line)) != *first_line) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "metrics file '", Printable(path_),
+            "' holds another run's metrics: its first line is "
+            "not the one the checkpointed run wrote, and keeping its lines up to iteration ",
+            keep_through_iteration,
+            " would splice the two runs. Resume with that run's own "
+            "--out (or --metrics-out), a new one, or remove the file"));
+      }
       // Lines up to the iteration resumed from stay, and lines that name no iteration; a line
       // whose "iteration" is not an int64 (a damaged line) goes.
       const nlohmann::json record = ParseUntrustedJson(line);
@@ -90,9 +105,27 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration) {
       if (keep && record.is_object() && record.contains("iteration")) {
         const absl::StatusOr<int64_t> iteration = JsonToInt64(record["iteration"], "iteration");
         keep = iteration.ok() && *iteration <= keep_through_iteration;
+        // The run's own line of the checkpoint's iteration may follow the checkpoint (the final
+        // line of a stopped run); an earlier one may not.
+        if (iteration.ok() && *iteration < keep_through_iteration && !earlier_iteration) {
+          earlier_iteration = *iteration;
+        }
       }
       if (keep) kept.append(old, begin, end + 1 - begin);
       begin = end + 1;
+    }
+    if (first_line == kNoMetricsLine && earlier_iteration.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "metrics file '", Printable(path_),
+          "' holds another run's metrics: it has a line of "
+          "iteration ",
+          *earlier_iteration,
+          ", but the checkpointed run had written no line "
+          "before its checkpoint of iteration ",
+          keep_through_iteration,
+          ", and keeping them "
+          "would splice the two runs. Resume with that run's own --out (or --metrics-out), a "
+          "new one, or remove the file"));
     }
   }
   RETURN_IF_ERROR(Annotate(WriteFileAtomically(path_, kept), "metrics file"));
@@ -115,13 +148,18 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration) {
         absl::StrCat("cannot open metrics file '", path_, "': ", std::strerror(errno)));
   }
   size_ = static_cast<int64_t>(kept.size());
+  const size_t first_end = kept.find('\n');
+  first_line_crc32c_ =
+      first_end == std::string::npos
+          ? kNoMetricsLine
+          : static_cast<int64_t>(Crc32c(std::string_view(kept).substr(0, first_end)));
   return absl::OkStatus();
 }
 
 absl::Status JsonLinesWriter::Write(const nlohmann::json& record) {
   const std::string line = DumpJson(record) + "\n";
   std::lock_guard<std::mutex> lock(mu_);
-  if (!started_) RETURN_IF_ERROR(StartLocked(-1));
+  if (!started_) RETURN_IF_ERROR(StartLocked(-1, std::nullopt));
   if (fd_ < 0) return absl::FailedPreconditionError("metrics file not open");
   // One write(2) per line; a failed or short one is cut back off (no partial line stays).
   ssize_t written;
@@ -129,6 +167,10 @@ absl::Status JsonLinesWriter::Write(const nlohmann::json& record) {
     written = ::write(fd_, line.data(), line.size());
   } while (written < 0 && errno == EINTR);
   if (written == static_cast<ssize_t>(line.size())) {
+    if (size_ == 0) {
+      first_line_crc32c_ =
+          static_cast<int64_t>(Crc32c(std::string_view(line).substr(0, line.size() - 1)));
+    }
     size_ += written;
     return absl::OkStatus();
   }

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,7 +42,23 @@ class JsonLinesWriter {
   // (a resumed job) the old file's complete lines whose "iteration" is at most that value (and
   // lines without one) are kept and later records appended. Either way the replacement is
   // atomic. Write calls Start(-1) if it was not called. REQUIRES: called at most once.
-  absl::Status Start(int64_t keep_through_iteration = -1);
+  //
+  // `first_line` (a resumed job): what the checkpointed run had written, first_line_crc32c() at
+  // its checkpoint. When the old file does not continue that run — its first line is another,
+  // or (kNoMetricsLine) it holds lines of iterations before the checkpoint's although the run
+  // had written none — keeping its lines would splice two runs' metrics into one file: Start
+  // fails (FailedPrecondition) and leaves the file as it is. nullopt: not known (a checkpoint
+  // that did not record it); the lines are kept as above.
+  static constexpr int64_t kNoMetricsLine = -1;
+  absl::Status Start(int64_t keep_through_iteration = -1,
+                     std::optional<int64_t> first_line = std::nullopt);
+  // The CRC32C of the file's first complete line (without its newline): the line this writer
+  // wrote first, or the first one Start kept; kNoMetricsLine while there is none. A checkpoint
+  // records it, so that a job resuming from it recognises the run's file (Start).
+  int64_t first_line_crc32c() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return first_line_crc32c_;
+  }
   // Outputs of the same run (its summary, its parameter dump) that a fresh Start (not a resumed
   // one) removes if they are regular files: they belong to the earlier run the new metrics
   // replace. Call before Start.
@@ -54,14 +71,16 @@ class JsonLinesWriter {
 
  private:
   explicit JsonLinesWriter(std::string path) : path_(std::move(path)) {}
-  absl::Status StartLocked(int64_t keep_through_iteration) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status StartLocked(int64_t keep_through_iteration, std::optional<int64_t> first_line)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Serialises whole lines so concurrent writers never interleave.
-  std::mutex mu_;
+  mutable std::mutex mu_;
   const std::string path_;
   int fd_ ABSL_GUARDED_BY(mu_) = -1;  // -1 until started; stdout's for "-"
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   int64_t size_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of complete lines in the file
+  int64_t first_line_crc32c_ ABSL_GUARDED_BY(mu_) = kNoMetricsLine;
   std::vector<std::string> stale_on_fresh_start_;
 };
 

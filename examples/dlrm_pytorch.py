@@ -179,7 +179,7 @@ def train(trainer, config, flags, metrics):
     # samples trained so far (all trainers'); a resumed job restores them here.
     counters = {"global_samples": 0}
     trainer.checkpoint_torch_state(model, optimizer, get=lambda: {"global_samples": global_samples},
-                                   set=counters.update)
+                                   set=counters.update, metrics=metrics if leader else None)
     global_samples = counters["global_samples"]
     # Iterations are numbered from the job's start: a job resumed at K continues at K + 1, and
     # keeps the metrics lines of the iterations up to K, as bagpipe train does.

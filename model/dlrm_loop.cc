@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,15 +63,19 @@ struct PhaseTimes {
   }
 };
 
-// The loop's checkpoint state (model/loop_state.h): the dense parameters and optimizer state.
+// The loop's checkpoint state (model/loop_state.h): the dense parameters and optimizer state,
+// and what the run's metrics file starts with (`metrics`: trainer 0's, else null), which a
+// resumed job's restore leaves in *metrics_first_line.
 template <typename Head>
-LoopState MakeLoopState(Head* model, int64_t* global_samples) {
+LoopState MakeLoopState(Head* model, int64_t* global_samples, const JsonLinesWriter* metrics,
+                        std::optional<int64_t>* metrics_first_line) {
   LoopState state;
-  state.save = [model, global_samples]() -> absl::StatusOr<std::string> {
+  state.save = [model, global_samples, metrics]() -> absl::StatusOr<std::string> {
     DenseLoopState saved;
     RETURN_IF_ERROR(model->ReadParameters(&saved.parameters));
     RETURN_IF_ERROR(model->ReadOptimizerState(&saved.optimizer_state));
     saved.global_samples = *global_samples;
+    if (metrics != nullptr) saved.metrics_first_line = metrics->first_line_crc32c();
     // A diverged run fails here rather than leave a checkpoint nothing can train on from as
     // the newest one (the complete ones before it are kept).
     const absl::Status finite = CheckDenseLoopStateFinite(saved);
@@ -82,7 +87,8 @@ LoopState MakeLoopState(Head* model, int64_t* global_samples) {
     }
     return EncodeDenseLoopState(saved);
   };
-  state.restore = [model, global_samples](std::string_view bytes) -> absl::Status {
+  state.restore = [model, global_samples,
+                   metrics_first_line](std::string_view bytes) -> absl::Status {
     ASSIGN_OR_RETURN(const DenseLoopState saved, DecodeDenseLoopState(bytes));
     std::vector<float> current;
     RETURN_IF_ERROR(model->ReadParameters(&current));
@@ -95,6 +101,7 @@ LoopState MakeLoopState(Head* model, int64_t* global_samples) {
     RETURN_IF_ERROR(model->WriteParameters(saved.parameters));
     RETURN_IF_ERROR(model->WriteOptimizerState(saved.optimizer_state));
     *global_samples = saved.global_samples;
+    *metrics_first_line = saved.metrics_first_line;
     return absl::OkStatus();
   };
   return state;
@@ -181,11 +188,15 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
   int64_t global_samples = 0;  // all trainers', through the last iteration (the same everywhere)
 
   // Checkpoints hold the dense replica (the same on every trainer) and the job-wide counters.
-  RETURN_IF_ERROR(trainer.SetLoopState(MakeLoopState(model, &global_samples)));
+  std::optional<int64_t> metrics_first_line;  // a resumed job's, from its checkpoint
+  RETURN_IF_ERROR(trainer.SetLoopState(MakeLoopState(
+      model, &global_samples, leader ? options.metrics : nullptr, &metrics_first_line)));
   ASSIGN_OR_RETURN(const Iteration first_iteration, trainer.FirstIteration());
   if (leader && options.metrics != nullptr) {
-    // A resumed job keeps the metrics of the iterations before its checkpoint.
-    RETURN_IF_ERROR(options.metrics->Start(first_iteration > 0 ? first_iteration : -1));
+    // A resumed job keeps the metrics of the iterations before its checkpoint, in the file of
+    // the run it continues only.
+    RETURN_IF_ERROR(
+        options.metrics->Start(first_iteration > 0 ? first_iteration : -1, metrics_first_line));
   }
 
   auto report = [&](bool final_report) -> absl::Status {

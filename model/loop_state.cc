@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -30,10 +31,13 @@ absl::Status CheckDenseLoopStateFinite(const DenseLoopState& state) {
 }
 
 std::string EncodeDenseLoopState(const DenseLoopState& state) {
-  std::string out = nlohmann::json{{"parameters", state.parameters.size()},
-                                   {"optimizer_state", state.optimizer_state.size()},
-                                   {"global_samples", state.global_samples}}
-                        .dump();
+  nlohmann::json header = {{"parameters", state.parameters.size()},
+                           {"optimizer_state", state.optimizer_state.size()},
+                           {"global_samples", state.global_samples}};
+  if (state.metrics_first_line.has_value()) {
+    header["metrics_first_line"] = *state.metrics_first_line;
+  }
+  std::string out = header.dump();
   out += '\n';
   out.append(reinterpret_cast<const char*>(state.parameters.data()),
              state.parameters.size() * sizeof(float));
@@ -71,6 +75,14 @@ absl::StatusOr<DenseLoopState> DecodeDenseLoopState(std::string_view bytes) {
   }
   DenseLoopState state;
   state.global_samples = global_samples;
+  if (header.contains("metrics_first_line")) {
+    ASSIGN_OR_RETURN(state.metrics_first_line, field("metrics_first_line"));
+    if (*state.metrics_first_line < -1 ||
+        *state.metrics_first_line > std::numeric_limits<uint32_t>::max()) {
+      return bad(
+          absl::StrCat("header: metrics_first_line ", *state.metrics_first_line, " is no CRC32C"));
+    }
+  }
   state.parameters.resize(static_cast<size_t>(parameters));
   state.optimizer_state.resize(static_cast<size_t>(optimizer));
   const size_t parameter_bytes = state.parameters.size() * sizeof(float);

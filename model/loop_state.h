@@ -1,12 +1,13 @@
 // The reference loop's checkpoint state (model/dlrm_loop.cc hands it to Trainer::SetLoopState):
-// a JSON header line {parameters, optimizer_state, global_samples}, then the dense parameters
-// and the dense optimizer state as raw little-endian floats. It is read back from a checkpoint
-// file (trainer.bin), so decoding treats it as untrusted: every count is checked against the
-// bytes present before anything is allocated.
+// a JSON header line {parameters, optimizer_state, global_samples[, metrics_first_line]}, then the
+// dense parameters and the dense optimizer state as raw little-endian floats. It is read back from
+// a checkpoint file (trainer.bin), so decoding treats it as untrusted: every count is checked
+// against the bytes present before anything is allocated.
 #ifndef BAGPIPE_MODEL_LOOP_STATE_H_
 #define BAGPIPE_MODEL_LOOP_STATE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +20,9 @@ struct DenseLoopState {
   std::vector<float> parameters;
   std::vector<float> optimizer_state;
   int64_t global_samples = 0;
+  // JsonLinesWriter::first_line_crc32c() of the run's metrics file at the checkpoint (trainer 0's
+  // loop writes the metrics); nullopt: no metrics file, or a state saved before it was recorded.
+  std::optional<int64_t> metrics_first_line;
 };
 
 std::string EncodeDenseLoopState(const DenseLoopState& state);

@@ -332,19 +332,32 @@ class MetricsWriter:
             raise TypeError("MetricsWriter: replaces must be a list of paths, not one path")
         replaces = [_path_text(p, "MetricsWriter replaces") for p in replaces]
         self._writer = _core.MetricsWriter(path, replaces)
+        # What the checkpointed run's file started with (Trainer.checkpoint_torch_state with
+        # metrics=this writer sets it when the job resumes); None: not known.
+        self._resumed_first_line = None
 
     def start(self, keep_through_iteration=None):
         """Starts the file, at most once and before the first write; pass
         ``trainer.first_iteration``. A job resumed at iteration K > 0 keeps the earlier file's
         lines up to iteration K (and lines without an "iteration"), later ones go, as ``bagpipe
         train --resume`` keeps its metrics; 0 (a fresh job) or ``None``: the file starts empty,
-        as at the first write. The file is replaced atomically either way."""
+        as at the first write. The file is replaced atomically either way. When the checkpoint
+        says what the run's file started with (``Trainer.checkpoint_torch_state(...,
+        metrics=writer)``), a file of another run raises UsageError and is left as it is,
+        rather than have two runs' lines spliced."""
         keep = -1 if keep_through_iteration is None else _strict_int(
             keep_through_iteration, -2**63, 2**63 - 1,
             lambda: TypeError(f"MetricsWriter.start: keep_through_iteration must be an int, "
                               f"got {type(keep_through_iteration).__name__}"),
             lambda: ValueError("MetricsWriter.start: keep_through_iteration is out of range"))
-        self._writer.start(keep if keep > 0 else -1)
+        self._writer.start(keep if keep > 0 else -1,
+                           self._resumed_first_line if keep > 0 else None)
+
+    @property
+    def first_line_crc32c(self):
+        """The CRC32C of the file's first line (-1: none yet): what a checkpoint records so
+        that a resumed job recognises the run's file (see start)."""
+        return self._writer.first_line_crc32c
 
     def write(self, record):
         self._writer.write_json(_json_text(record, "MetricsWriter.write"))
@@ -766,11 +779,17 @@ class Trainer:
         begin_iteration; required when the job resumes from a checkpoint with loop state."""
         self._core.set_loop_state(save, restore)
 
-    def checkpoint_torch_state(self, *objects, get=None, set=None):
+    def checkpoint_torch_state(self, *objects, get=None, set=None, metrics=None):
         """set_loop_state for objects with ``state_dict()``/``load_state_dict()`` (modules,
         optimizers), saved with torch.save; ``get()`` -> picklable extra state (e.g. the loop's
         counters) and ``set(extra)`` restore the rest. Every trainer holds the same dense
-        replica, so trainer 0's is saved and every trainer restores it."""
+        replica, so trainer 0's is saved and every trainer restores it. ``metrics``: the
+        MetricsWriter of the loop (trainer 0's; None elsewhere): the checkpoint records what
+        its file starts with, so that a resumed job's ``metrics.start`` keeps the lines of the
+        same run only."""
+        if metrics is not None and not isinstance(metrics, MetricsWriter):
+            raise TypeError(f"checkpoint_torch_state: metrics must be a bagpipe.MetricsWriter, "
+                            f"got {type(metrics).__name__}")
         def save():
             # A diverged loop fails here rather than leave a checkpoint nothing can train on
             # from as the newest one.
@@ -779,7 +798,9 @@ class Trainer:
                                      "is kept): lower the learning rate")
             buffer = io.BytesIO()
             torch.save({"objects": [o.state_dict() for o in objects],
-                        "extra": get() if get is not None else None}, buffer)
+                        "extra": get() if get is not None else None,
+                        "metrics_first_line": (metrics.first_line_crc32c
+                                               if metrics is not None else None)}, buffer)
             return buffer.getvalue()
 
         def restore(data):
@@ -792,6 +813,10 @@ class Trainer:
             _check_finite_parameters(objects, "the checkpoint's loop state is not finite (",
                                      "): it was saved after the training diverged; resume "
                                      "from an earlier checkpoint, with a lower learning rate")
+            if metrics is not None:
+                first_line = state.get("metrics_first_line")  # absent in older checkpoints
+                if isinstance(first_line, int) and -1 <= first_line < 2**32:
+                    metrics._resumed_first_line = first_line
             if set is not None:
                 set(state["extra"])
         self.set_loop_state(save, restore)

@@ -351,14 +351,17 @@ PYBIND11_MODULE(_core, m) {
            py::arg("path"), py::arg("replaces") = std::vector<std::string>())
       .def(
           "start",
-          [](JsonLinesWriter& w, int64_t keep_through_iteration) {
-            if (absl::Status status = w.Start(keep_through_iteration); !status.ok()) {
-              // Started twice (or after a write) is the caller's mistake.
+          [](JsonLinesWriter& w, int64_t keep_through_iteration,
+             std::optional<int64_t> first_line) {
+            if (absl::Status status = w.Start(keep_through_iteration, first_line); !status.ok()) {
+              // Started twice (or after a write), or into another run's file, is the caller's
+              // mistake.
               RaiseError(absl::IsFailedPrecondition(status) ? "UsageError" : "JobError",
                          std::string(status.message()));
             }
           },
-          py::arg("keep_through_iteration"))
+          py::arg("keep_through_iteration"), py::arg("first_line") = py::none())
+      .def_property_readonly("first_line_crc32c", &JsonLinesWriter::first_line_crc32c)
       .def("write_json", [](JsonLinesWriter& w, const std::string& text) {
         nlohmann::json record = nlohmann::json::parse(text, nullptr, false);
         if (record.is_discarded()) RaiseError("UsageError", "MetricsWriter: not JSON");

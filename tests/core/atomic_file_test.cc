@@ -285,6 +285,81 @@ TEST(MetricsFileTest, ResumeKeepsCompleteLinesUpToTheIteration) {
             "{\"iteration\":25}\n");
 }
 
+// A resumed job's Start knows what the checkpointed run's file started with: the file of
+// another run (its first line differs, or it has lines before the checkpoint where the run had
+// written none) is refused and left as it was, not spliced with the resumed run's lines.
+TEST(MetricsFileTest, ResumeKeepsTheLinesOfTheCheckpointedRunOnly) {
+  TempDir dir;
+  const std::string path = dir / "metrics.jsonl";
+  std::string first_line;
+  int64_t first_crc = JsonLinesWriter::kNoMetricsLine;
+  {
+    auto run = JsonLinesWriter::Open(path);
+    ASSERT_TRUE(run.ok());
+    EXPECT_EQ((*run)->first_line_crc32c(), JsonLinesWriter::kNoMetricsLine);
+    ASSERT_TRUE((*run)->Write({{"iteration", 10}, {"loss", 1}}).ok());
+    ASSERT_TRUE((*run)->Write({{"iteration", 20}, {"loss", 2}}).ok());
+    first_line = "{\"iteration\":10,\"loss\":1}";
+    first_crc = (*run)->first_line_crc32c();
+    EXPECT_EQ(first_crc, static_cast<int64_t>(Crc32c(first_line)));
+  }
+  EXPECT_EQ(ReadAll(path), first_line + "\n{\"iteration\":20,\"loss\":2}\n");
+  {  // The run's own file: its lines up to the checkpoint stay, and the CRC goes on.
+    auto resumed = JsonLinesWriter::Open(path);
+    ASSERT_TRUE(resumed.ok());
+    ASSERT_TRUE((*resumed)->Start(10, first_crc).ok());
+    EXPECT_EQ((*resumed)->first_line_crc32c(), first_crc);
+    ASSERT_TRUE((*resumed)->Write({{"iteration", 15}}).ok());
+    EXPECT_EQ(ReadAll(path), first_line + "\n{\"iteration\":15}\n");
+  }
+  // Another run's file (the same iterations, other values).
+  const std::string other = "{\"iteration\":10,\"loss\":7}\n{\"iteration\":20,\"loss\":8}\n";
+  WriteRaw(path, other);
+  {
+    auto resumed = JsonLinesWriter::Open(path);
+    ASSERT_TRUE(resumed.ok());
+    const absl::Status status = (*resumed)->Start(10, first_crc);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(status.message(),
+                AllOf(HasSubstr("holds another run's metrics"), HasSubstr("up to iteration 10")));
+    EXPECT_EQ(ReadAll(path), other);
+  }
+  // A run that had written no line by its checkpoint of iteration 20: a line of iteration 10
+  // is another run's; its own final line of iteration 20 (written after the checkpoint of a
+  // stopped run) and later lines are not.
+  for (const int64_t checkpoint : {20, 15}) {
+    auto resumed = JsonLinesWriter::Open(path);
+    ASSERT_TRUE(resumed.ok());
+    const absl::Status status = (*resumed)->Start(checkpoint, JsonLinesWriter::kNoMetricsLine);
+    EXPECT_THAT(status.message(), HasSubstr("it has a line of iteration 10, but the "
+                                            "checkpointed run had written no line"));
+    EXPECT_EQ(ReadAll(path), other);
+  }
+  WriteRaw(path, "{\"iteration\":20,\"final\":true}\n{\"iteration\":30}\n");
+  {
+    auto resumed = JsonLinesWriter::Open(path);
+    ASSERT_TRUE(resumed.ok());
+    ASSERT_TRUE((*resumed)->Start(20, JsonLinesWriter::kNoMetricsLine).ok());
+    EXPECT_EQ(ReadAll(path), "{\"iteration\":20,\"final\":true}\n");
+  }
+  // No file (a new --out), or a checkpoint that did not record the first line: as before.
+  std::filesystem::remove(path);
+  {
+    auto resumed = JsonLinesWriter::Open(path);
+    ASSERT_TRUE(resumed.ok());
+    ASSERT_TRUE((*resumed)->Start(10, first_crc).ok());
+    EXPECT_EQ((*resumed)->first_line_crc32c(), JsonLinesWriter::kNoMetricsLine);
+    EXPECT_EQ(ReadAll(path), "");
+  }
+  WriteRaw(path, other);
+  {
+    auto resumed = JsonLinesWriter::Open(path);
+    ASSERT_TRUE(resumed.ok());
+    ASSERT_TRUE((*resumed)->Start(10).ok());
+    EXPECT_EQ(ReadAll(path), "{\"iteration\":10,\"loss\":7}\n");
+  }
+}
+
 TEST(MetricsFileTest, OpenDoesNotTouchTheFileAndStartReplacesIt) {
   TempDir dir;
   const std::string path = dir / "metrics.jsonl";

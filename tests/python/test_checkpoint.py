@@ -30,13 +30,14 @@ def make_config(cache, trainers, **options):
 
 
 def train(trainer, job, stop_at=None, signal_at=None, register=True, context=None,
-          poison_at=None, signal_number=signal.SIGINT):
+          poison_at=None, signal_number=signal.SIGINT, metrics_path=None):
     """An embedding-bag + linear head loop with Adagrad; returns (iterations run here, the
     first iteration). Trainer 0 asks for the stop at iteration `stop_at` (or sends itself
     `signal_number` at `signal_at`). ``context()``: a context manager the loop runs in (e.g. a
     stream).
     After the step of iteration `poison_at` every trainer's head bias becomes NaN, as in a run
-    that diverged (the next iteration's gradients would be refused)."""
+    that diverged (the next iteration's gradients would be refused). `metrics_path`: trainer 0
+    writes a metrics line ({"iteration", "loss"}) there after each iteration."""
     tables = bagpipe.EmbeddingBags(trainer)
     inputs = trainer.num_tables * trainer.dim + trainer.num_dense
     head = torch.nn.Linear(inputs, 1)
@@ -46,9 +47,12 @@ def train(trainer, job, stop_at=None, signal_at=None, register=True, context=Non
     head.to(trainer.device)
     optimizer = torch.optim.Adagrad(head.parameters(), lr=0.05, eps=1e-10)
     counters = {"samples": 0}
+    metrics = bagpipe.MetricsWriter(metrics_path) if metrics_path and trainer.id == 0 else None
     if register:
         trainer.checkpoint_torch_state(head, optimizer, get=lambda: dict(counters),
-                                       set=counters.update)
+                                       set=counters.update, metrics=metrics)
+    if metrics is not None:
+        metrics.start(trainer.first_iteration)
     with context() if context is not None else contextlib.nullcontext():
         steps = 0
         for batch in trainer:
@@ -68,6 +72,8 @@ def train(trainer, job, stop_at=None, signal_at=None, register=True, context=Non
                     head.bias.fill_(float("nan"))
             counters["samples"] += batch.num_samples
             steps += 1
+            if metrics is not None:
+                metrics.write({"iteration": batch.iteration + 1, "loss": loss.item()})
         trainer.flush()
         trainer.complete(dense=list(head.parameters()))
     return steps, trainer.first_iteration
@@ -112,6 +118,29 @@ def test_stopped_and_resumed_equals_uninterrupted(tmp_path, cache, trainers):
         assert first == stopped.iteration
         assert steps == ITERATIONS - stopped.iteration > 0
     assert resumed["params_sha256"] == whole["params_sha256"]
+
+
+def test_a_resumed_loop_keeps_the_metrics_of_the_checkpointed_run_only(tmp_path):
+    checkpoints = tmp_path / "ckpt"
+    own, other = tmp_path / "own.jsonl", tmp_path / "other.jsonl"
+    stopped, _ = run_stopped(make_config("oracle", 1, checkpoint_dir=str(checkpoints)),
+                             stop_at=5, metrics_path=str(own))
+    iterations = [int(line.split(",")[0].split(":")[1]) for line in own.read_text().splitlines()]
+    assert iterations == list(range(1, stopped.iteration + 1))
+    # Another run's metrics with the same iterations: keeping its lines up to the checkpoint
+    # would splice the two runs; the file stays as it was.
+    other.write_text("".join(f'{{"iteration":{k},"loss":9.0}}\n' for k in range(1, 9)))
+    before = other.read_text()
+    with pytest.raises(bagpipe.UsageError, match="holds another run's metrics"):
+        run(make_config("oracle", 1, resume=str(checkpoints)), tmp_path, "refused",
+            metrics_path=str(other))
+    assert other.read_text() == before
+    # The run's own file: its lines up to the checkpoint stay, the resumed ones follow.
+    resumed, results = run(make_config("oracle", 1, resume=str(checkpoints)), tmp_path,
+                           "resumed", metrics_path=str(own))
+    assert results[0] == (ITERATIONS - stopped.iteration, stopped.iteration)
+    iterations = [int(line.split(",")[0].split(":")[1]) for line in own.read_text().splitlines()]
+    assert iterations == list(range(1, ITERATIONS + 1))
 
 
 # Ctrl-C, SIGTERM and SIGUSR1 (the signal mpirun forwards to its ranks) stop as they stop
