@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/timer.h"
@@ -186,9 +187,25 @@ class OracleRunner {
         bool got = false;
         if (stop == 0 && next < segment_end && !stream_end) {
           Stopwatch read_watch;
-          ASSIGN_OR_RETURN(got, train.Next(&batch));
+          absl::StatusOr<bool> read = train.Next(&batch);
           stats_->read_seconds += read_watch.Seconds();
-          stream_end = !got;
+          if (!read.ok()) {
+            // The signal that stops the job may end the data's producers too, before the stop
+            // request gets here (a Ctrl-C reaches the worker processes of a PyTorch DataLoader):
+            // the iterations already planned do not need this batch, so a stop that follows
+            // within a moment ends the run as stops do, with its checkpoint.
+            for (int k = 0; k < 100 && stop == 0; ++k) {
+              absl::SleepFor(absl::Milliseconds(10));
+              stop = PollStop();
+            }
+            if (stop == 0) return read.status();
+            BAGPIPE_LOG(WARNING) << "stop requested (signal " << stop << ") as reading batch "
+                                 << next << " failed (" << read.status().message()
+                                 << "): training stops after the iterations already planned";
+          } else {
+            got = *read;
+            stream_end = !got;
+          }
           if (stream_end && next == start.iteration && start.iteration > 0) {
             BAGPIPE_LOG(WARNING) << "the data end at the checkpoint resumed from (iteration "
                                  << next << "): no iteration is left to train";
