@@ -922,6 +922,30 @@ def _forget_jobs_in_child():
     _StopHandlers._jobs = weakref.WeakSet()
     _InterruptWatch._lock = threading.RLock()
     _InterruptWatch._current = None
+    _core._forget_threads_in_child()
+    # The child's signals are its own: they must not reach the parent's interrupt watch through
+    # the inherited socket (a Ctrl-C to a process group with DataLoader workers would count as
+    # several), and its copies of the socket must not keep the parent's watch from ending. The
+    # fork may come from a thread of a job (a DataLoader's workers start when the job reads its
+    # data) while the main thread is making the watch: its socket is listed from the start. The
+    # forking thread is the child's main thread.
+    sockets, _InterruptWatch._sockets = _InterruptWatch._sockets, []
+    if sockets:
+        try:
+            current = signal.set_wakeup_fd(-1)
+            for _, writer, previous in sockets:
+                if current == writer.fileno():
+                    current = -1 if previous is None else previous
+            signal.set_wakeup_fd(current)
+        except (ValueError, OSError):
+            pass
+        for reader, writer, _ in sockets:
+            reader.close()
+            writer.close()
+    try:
+        _StopHandlers._restore()
+    except (ValueError, OSError):
+        pass
 
 
 # The signals that stop a job with checkpoints at an iteration boundary, as they stop
@@ -1004,15 +1028,22 @@ class _InterruptWatch:
     # __del__ closes it) unwatches itself on the same thread.
     _lock = threading.RLock()
     _current = None  # the running watch, or None
+    # [reader, writer, the previous wakeup descriptor] of the watch, from the moment its socket
+    # exists (what a forked child closes: _forget_jobs_in_child).
+    _sockets = []
 
     def __init__(self):
         self._jobs = weakref.WeakSet()
         self._reader, self._writer = socket.socketpair()
         self._writer.setblocking(False)
+        listed = [self._reader, self._writer, None]
+        _InterruptWatch._sockets.append(listed)
         try:
             self._previous = signal.set_wakeup_fd(self._writer.fileno(),
                                                   warn_on_full_buffer=False)
+            listed[2] = self._previous
         except (ValueError, OSError):
+            _InterruptWatch._sockets.remove(listed)
             self._reader.close()
             self._writer.close()
             raise
@@ -1055,6 +1086,11 @@ class _InterruptWatch:
                 signal.set_wakeup_fd(current)
                 return
             cls._current = None
+            cls._sockets = [e for e in cls._sockets if e[1] is not watch._writer]
+        try:  # the end, even if a process forked without the hook above holds the writer too
+            watch._writer.send(b"\0")
+        except OSError:
+            pass
         watch._writer.close()
         if threading.current_thread() is not watch._thread:
             watch._thread.join()
@@ -1068,7 +1104,10 @@ class _InterruptWatch:
                 return
             if not received:
                 return
-            if self._previous >= 0:
+            end = received.find(b"\0")  # unwatch's end (no signal is numbered 0)
+            if end >= 0:
+                received = received[:end]
+            if self._previous >= 0 and received:
                 try:
                     os.write(self._previous, received)  # the previous listener gets them too
                 except OSError:
@@ -1086,6 +1125,8 @@ class _InterruptWatch:
                     except Exception:  # e.g. closed meanwhile: the other jobs still hear it
                         pass
             del jobs
+            if end >= 0:
+                return
 
 
 os.register_at_fork(after_in_child=_forget_jobs_in_child)
@@ -1310,7 +1351,10 @@ class Job:
     def _on_signal(self, signum):
         if not self.checkpoints and signum != signal.SIGINT:
             return  # a SIGTERM handler of the caller's: not ours to act on
-        if not self.checkpoints and signal.getsignal(signum) is not signal.default_int_handler:
+        handler = signal.getsignal(signum)
+        if handler is _StopHandlers._handler:  # another job's, standing in for the caller's
+            handler = _StopHandlers._previous.get(signum)
+        if not self.checkpoints and handler is not signal.default_int_handler:
             return  # the caller handles SIGINT itself (e.g. to stop after the epoch): its call
         with self._signal_lock:
             self._signals += 1

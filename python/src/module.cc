@@ -443,8 +443,12 @@ PYBIND11_MODULE(_core, m) {
   m.def("launched_by_mpirun", &LaunchedByMpirun);
   m.def("_shutdown", [] {
     py::gil_scoped_release release;
+    // A closed job's reading thread that returns from the data iterable now can still end;
+    // during the interpreter's finalisation it could not (see WaitForDetachedJobs).
+    WaitForDetachedJobs(absl::Seconds(10));
     Mpi().Shutdown();
   });
+  m.def("_forget_threads_in_child", &ForgetDetachedJobsInChild);
 }
 
 }  // namespace bagpipe::python

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -18,6 +19,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/excerpt.h"
 #include "core/json_fields.h"
 #include "core/logging.h"
@@ -93,7 +96,34 @@ class TrainerCall {
   std::unique_lock<std::mutex> lock_;
 };
 
+// Jobs left to end on a thread of their own (their oracle thread inside the user's data
+// iterable when they were closed): the interpreter's exit waits for them a while
+// (WaitForDetachedJobs), for a reading thread that returns from the iterable during the
+// interpreter's finalisation would be ended inside it (CPython exits a thread that wants the
+// GIL back then), and crash the process.
+std::atomic<int> detached_jobs{0};
+
+void EndDetached(std::unique_ptr<Job> job) {
+  ++detached_jobs;
+  std::thread([job = std::move(job)]() mutable {
+    job.reset();
+    --detached_jobs;
+  }).detach();
+}
+
 }  // namespace
+
+bool WaitForDetachedJobs(absl::Duration timeout) {
+  if (detached_jobs.load() == 0) return true;
+  BAGPIPE_LOG(WARNING) << "exiting: waiting up to " << absl::FormatDuration(timeout) << " for "
+                       << detached_jobs.load()
+                       << " closed job(s) whose data iterable has not returned";
+  const absl::Time deadline = absl::Now() + timeout;
+  while (detached_jobs.load() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  return detached_jobs.load() == 0;
+}
+
+void ForgetDetachedJobsInChild() { detached_jobs = 0; }
 
 std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object data,
                                          py::object eval_data, py::object normalize,
@@ -224,7 +254,7 @@ JobCore::~JobCore() {
       closed_ = true;
       job = std::move(job_);
     }
-    if (job != nullptr) std::thread([job = std::move(job)]() mutable { job.reset(); }).detach();
+    if (job != nullptr) EndDetached(std::move(job));
     return;
   }
   try {
@@ -419,7 +449,7 @@ void JobCore::Close() {
     if (python::PythonDataReadInFlight(this)) {
       BAGPIPE_LOG(WARNING) << "Job.close: the job's data iterable has not returned since the job "
                               "was aborted; its reading thread is left to end when it does";
-      std::thread([job = std::move(job)]() mutable { job.reset(); }).detach();
+      EndDetached(std::move(job));
       return;
     }
   }

@@ -24,6 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "pybind11/pybind11.h"
 #include "python/src/dlpack_view.h"
 #include "trainer_hooks/external_stream.h"
@@ -31,6 +32,13 @@
 #include "trainer_hooks/job_config.h"
 
 namespace bagpipe::python {
+
+// At the interpreter's exit (bagpipe._core._shutdown): waits, at most `timeout`, for the jobs
+// that close() left to end on a thread of their own (their data iterable had not returned);
+// false if some are still running. Call without the GIL.
+bool WaitForDetachedJobs(absl::Duration timeout);
+// In a forked child (which has none of the parent's threads): no job is left to wait for.
+void ForgetDetachedJobsInChild();
 
 // Raises the Python exception for `status` (see the file comment). `aborted`: the job's abort
 // status (OK if it was not aborted).

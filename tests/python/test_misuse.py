@@ -691,10 +691,151 @@ job.close()
 # allocator's locks around fork(): a child forked while a runtime thread allocates inherits a held
 # lock and blocks in its first malloc (seen: Py_FinalizeEx -> realloc ->
 # SizeClassAllocator64::GetFromAllocator). glibc's malloc resets its locks in the child.
-@pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""),
-                    reason="the preloaded AddressSanitizer runtime is not fork-safe with threads")
+forks_with_threads = pytest.mark.skipif(
+    "libasan" in os.environ.get("LD_PRELOAD", ""),
+    reason="the preloaded AddressSanitizer runtime is not fork-safe with threads")
+
+
+@forks_with_threads
 def test_a_forked_child_of_a_process_with_an_open_job_exits_cleanly():
     result = subprocess.run([sys.executable, "-c", FORKED_WITH_AN_OPEN_JOB], env=child_env(),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["exit", "0"], result.stdout + result.stderr
+
+
+FORK_LOADER = """
+import os, signal, sys
+import torch
+import bagpipe
+mode, checkpoints = sys.argv[1], sys.argv[2]
+
+class Rows(torch.utils.data.Dataset):
+    def __len__(self):
+        return 100000
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return {"labels": torch.randint(0, 2, (128,), generator=g).float(),
+                "dense": torch.rand(128, 3, generator=g),
+                "ids": [torch.randint(0, 500, (128,), generator=g) for _ in range(4)]}
+
+loader = torch.utils.data.DataLoader(Rows(), batch_size=None, num_workers=2,
+                                     multiprocessing_context="fork")
+options = dict(batch_size=256, dim=4, iterations=10)
+if mode == "ctrl-c":
+    options.update(iterations=100000, checkpoint_dir=checkpoints, checkpoint_every=1000)
+
+def loop(trainer):
+    for batch in trainer:
+        if mode == "ctrl-c" and batch.iteration == 20:
+            os.killpg(os.getpgid(0), signal.SIGINT)  # a terminal's Ctrl-C: the workers get it too
+        pooled = trainer.lookup_pooled()
+        trainer.end_iteration(torch.zeros_like(pooled))
+    trainer.flush()
+
+with bagpipe.Job(bagpipe.Config(**options), data=loader,
+                 schema=bagpipe.Schema(table_rows=[500] * 4, num_dense=3)) as job:
+    job.run_trainers(loop)
+    try:
+        print("finished", job.finish()["iterations"])
+    except bagpipe.Stopped as stopped:
+        print("stopped", stopped.signal, os.path.isdir(stopped.checkpoint))
+print("closed", flush=True)
+"""
+
+
+# A DataLoader's forked workers inherit the socket Ctrl-C reaches the job through: they must not
+# keep the job from closing (it waited for that socket's end forever), nor pass their own
+# signals on to it (one Ctrl-C to the process group counted as three, the "second" one aborting
+# the job instead of stopping it with a checkpoint). The workers die of that Ctrl-C; the batch
+# the job was reading then fails, but the stop needs no more batches.
+@forks_with_threads
+@pytest.mark.parametrize("mode", ["finish", "ctrl-c"])
+def test_a_job_fed_by_forked_dataloader_workers_closes_and_stops(tmp_path, mode):
+    result = subprocess.run([sys.executable, "-c", FORK_LOADER, mode, str(tmp_path / "ckpt")],
+                            env=child_env(), capture_output=True, text=True, timeout=120,
+                            start_new_session=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = ["finished 10"] if mode == "finish" else [f"stopped {int(signal.SIGINT)} True"]
+    assert result.stdout.splitlines() == expected + ["closed"], result.stdout + result.stderr
+
+
+PLAIN_JOB_BESIDE_A_CHECKPOINTING_ONE = """
+import os, signal, sys, threading, time
+import torch
+import bagpipe
+plain = bagpipe.Job(bagpipe.Config(data="synthetic:samples=5000000,tables=4,scale=0.001",
+                                   batch_size=64, dim=4, iterations=1000000))
+beside = bagpipe.Job(bagpipe.Config(data="synthetic:samples=2000,tables=2,scale=0.0005",
+                                    batch_size=64, dim=4, iterations=4,
+                                    checkpoint_dir=sys.argv[1]))
+started, outcome = threading.Event(), []
+
+def loop(trainer):
+    for batch in trainer:
+        started.set()
+        trainer.end_iteration(torch.zeros_like(trainer.lookup_pooled()))
+    trainer.flush()
+
+def run():
+    try:
+        plain.run_trainers(loop)
+        outcome.append("ran to the end")
+    except bagpipe.JobError as error:
+        outcome.append(str(error))
+
+thread = threading.Thread(target=run)
+thread.start()
+started.wait(60)
+os.kill(os.getpid(), signal.SIGINT)
+thread.join(30)
+print(outcome, thread.is_alive(), plain.aborted)
+plain.abort()
+thread.join()
+plain.close()
+beside.close()
+"""
+
+
+# The stop handlers the job with checkpoints installed were taken for the caller's own SIGINT
+# handler: the plain job trained on through Ctrl-C.
+def test_ctrl_c_aborts_a_plain_job_while_a_job_with_checkpoints_is_open(tmp_path):
+    result = subprocess.run([sys.executable, "-c", PLAIN_JOB_BESIDE_A_CHECKPOINTING_ONE,
+                             str(tmp_path / "ckpt")], env=child_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "interrupted (SIGINT)" in result.stdout and "False" in result.stdout, result.stdout
+
+
+CLOSED_WHILE_ITS_LOADER_BLOCKS = """
+import threading, time
+import numpy as np
+import bagpipe
+gate = threading.Event()
+
+class Blocking:
+    def __iter__(self):
+        for i in range(1000):
+            if i == 3:
+                gate.wait(30)  # a loader blocked on a queue
+            yield {"labels": np.zeros(64, np.float32), "dense": np.zeros((64, 2), np.float32),
+                   "ids": [np.arange(64), np.arange(64)]}
+
+job = bagpipe.Job(bagpipe.Config(batch_size=64, dim=4, iterations=50), data=Blocking(),
+                  schema=bagpipe.Schema(table_rows=[100, 100], num_dense=2))
+time.sleep(0.5)
+job.close()  # its reading thread is left to end when the iterable returns
+gate.set()   # which it does as the interpreter exits
+print("exiting", flush=True)
+"""
+
+
+# The reading thread came back from the iterable during the interpreter's finalisation and
+# crashed the process (a segmentation fault, or an abort); the exit now waits for it.
+def test_the_exit_waits_for_a_closed_jobs_reading_thread():
+    result = subprocess.run([sys.executable, "-c", CLOSED_WHILE_ITS_LOADER_BLOCKS],
+                            env=child_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["exiting"]
+    assert "left to end when it does" in result.stderr
