@@ -31,6 +31,12 @@ Progress::~Progress() {
   if (!finished_ && tty_ && enabled_ && last_draw_ > -1e9) std::fputc('\n', stderr);
 }
 
+void Progress::Resume(int64_t done) {
+  done_ = resumed_at_ = done;
+  watch_.Reset();
+  last_draw_ = -1e9;
+}
+
 void Progress::Update(int64_t done, const std::string& status) {
   done_ = done;
   status_ = status;
@@ -52,7 +58,7 @@ void Progress::Finish(const std::string& status) {
 
 void Progress::Draw(bool final_line) {
   const double elapsed = watch_.Seconds();
-  const double rate = elapsed > 0 ? done_ / elapsed : 0.0;
+  const double rate = elapsed > 0 ? static_cast<double>(done_ - resumed_at_) / elapsed : 0.0;
   std::string line = label_;
   if (total_ > 0) {
     const double fraction = std::min(1.0, static_cast<double>(done_) / total_);

@@ -19,6 +19,9 @@ class Progress {
   Progress(std::string label, int64_t total, bool enabled = true, std::string unit = "it");
   ~Progress();
 
+  // Work resumes at `done` (a job resumed from a checkpoint): the count starts there, and the
+  // rate, the ETA and the time shown count only what is done from now on.
+  void Resume(int64_t done);
   // Sets the completed count and an optional status text shown after the bar.
   void Update(int64_t done, const std::string& status = "");
   // Draws the final state and ends the line.
@@ -34,6 +37,7 @@ class Progress {
   bool tty_;
   bool finished_ = false;
   int64_t done_ = 0;
+  int64_t resumed_at_ = 0;  // Resume's count, which the rate leaves out
   std::string status_;
   Stopwatch watch_;
   double last_draw_ = -1e9;

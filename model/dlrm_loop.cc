@@ -261,6 +261,8 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
       // to the checkpoint first (seconds for a long job), which is no training time.
       total_watch.Reset();
       interval_watch.Reset();
+      // Its bar starts at the checkpoint; its rate and ETA count its own iterations.
+      progress.Resume(first_iteration);
     }
     ASSIGN_OR_RETURN(const float* pooled, trainer.LookupPooled());
     const size_t pooled_size =

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <new>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "core/checks.h"
 #include "core/device.h"
@@ -17,6 +19,7 @@
 #include "core/json_fields.h"
 #include "core/metrics.h"
 #include "core/optimizer.h"
+#include "core/progress.h"
 #include "core/random.h"
 #include "core/row_init.h"
 #include "core/sha256.h"
@@ -72,6 +75,27 @@ TEST(StatusTest, MacrosPropagateErrorsAndAssignValues) {
   EXPECT_TRUE(absl::IsNotFound(UsesMacros(false, true, &out)));
   EXPECT_EQ(Annotate(absl::NotFoundError("x"), "reading plan 3").message(), "reading plan 3: x");
   EXPECT_TRUE(Annotate(absl::OkStatus(), "ctx").ok());
+}
+
+// A resumed job's bar starts at its checkpoint, and its rate counts the iterations done since:
+// 10 iterations in at least 50 ms are at most 200 per second (counting the 900 before the
+// checkpoint as done in that time gave thousands).
+TEST(ProgressTest, AResumedCountsRateLeavesOutTheWorkBefore) {
+  ::testing::internal::CaptureStderr();
+  {
+    Progress progress("train", 1000, true);
+    progress.Resume(900);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    progress.Update(910);
+  }
+  const std::string line = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(line, ::testing::HasSubstr("910/1000  91%"));
+  const size_t at = line.find(" it/s");
+  ASSERT_NE(at, std::string::npos) << line;
+  const size_t begin = line.rfind(' ', at - 1) + 1;
+  const double rate = std::stod(line.substr(begin, at - begin));
+  EXPECT_GT(rate, 0) << line;
+  EXPECT_LE(rate, 200) << line;
 }
 
 TEST(ExcerptTest, ShortEscapedAndCut) {
