@@ -4,12 +4,14 @@
 // and optionally every parameter.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "apps/command.h"
@@ -20,6 +22,7 @@
 #include "core/optimizer.h"
 #include "core/signals.h"
 #include "core/status.h"
+#include "data/criteo_reader.h"
 #include "model/dlrm_loop.h"
 #include "model/run_report.h"
 #include "sync/mpi_transport.h"
@@ -152,11 +155,34 @@ absl::StatusOr<std::vector<std::unique_ptr<DirLock>>> LockOutputs(const TrainFla
   return locks;
 }
 
+// What --bottom and --top say on their own, checked before the data are opened (a scan of a
+// large dictionary-encoded file takes minutes): the layers' form and sizes, and, for Criteo
+// data (13 dense columns), the bottom's input size. The rest is checked with the data's schema.
+absl::Status CheckModelFlagsBeforeData(const TrainFlags& flags, const JobConfig& config) {
+  if (flags.model != "dlrm") return absl::OkStatus();
+  DenseModelConfig model;
+  model.dim = config.dim;
+  model.optimizer = config.DenseOptimizer();
+  ASSIGN_OR_RETURN(model.top, ParseLayers(flags.top));
+  if (!flags.bottom.empty()) {
+    ASSIGN_OR_RETURN(model.bottom, ParseLayers(flags.bottom));
+  }
+  if (absl::StartsWith(config.data, "criteo:")) {
+    model.num_dense = kCriteoDense;
+  } else {  // known with the schema only
+    model.num_dense = model.bottom.empty() ? 1 : std::max(model.bottom.front(), 1);
+  }
+  // The default bottom, "DENSE-64-DIM", fits any data.
+  if (flags.bottom.empty()) model.bottom = {model.num_dense, config.dim};
+  return ValidateDenseModelConfig(model);
+}
+
 absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport* mpi_transport) {
   const JobConfig& config = flags.config;
   // SIGINT/SIGTERM/SIGUSR1 stop the job at an iteration boundary (after MPI's own handlers).
   InstallStopHandlers();
   const bool is_rank0 = mpi == nullptr || mpi->rank() == 0;
+  RETURN_IF_ERROR(CheckModelFlagsBeforeData(flags, config));
 
   // Data: rank 0 opens and streams it (dictionary-encoded text is scanned once so the table
   // sizes are exact) and tells the other ranks its schema.

@@ -113,6 +113,12 @@ expect_error bad_schema "nosuchcolumn" train --data "$MOVIELENS" \
   --schema 'label=rating>3.5; sparse=nosuchcolumn' --quiet
 expect_error bad_cache_mode "belady2" train --data "$SYN" --cache belady2 --quiet
 expect_error bad_bottom "bottom" train --data "$SYN" --dim 8 --bottom 13-64-16 --quiet
+# What --top and --bottom say on their own is refused before the data are opened (a large file's
+# scan takes minutes): here the data file does not even exist.
+expect_error top_before_data "top layers: last size 2 must be 1" train \
+  --data "criteo:$WORK/not_read.tsv" --top 64-2 --quiet
+expect_error criteo_bottom_before_data "first size 10 must equal the number of dense features 13" \
+  train --data "criteo:$WORK/not_read.tsv" --bottom 10-64-16 --quiet
 expect_error tiny_cache "error:.*(capacity|cache)" train --data "$SYN" --batch-size 512 --iterations 5 \
   --cache oracle --cache-rows 10 --quiet
 # A path's control characters are escaped in messages (a terminal would act on ESC).
