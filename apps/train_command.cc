@@ -365,7 +365,8 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
                 first.empty() ? "" : "; the first: ",
                 first.empty() ? "" : first[0].get<std::string>().c_str());
   }
-  return absl::OkStatus();
+  std::fflush(stdout);
+  return recorder->dump_status();  // after the results: a full disk does not lose them
 }
 
 absl::Status RunTrain(TrainFlags flags) {

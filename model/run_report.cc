@@ -177,7 +177,9 @@ absl::StatusOr<nlohmann::json> RunRecorder::Finish(const JobResult& result, cons
     per_server.push_back(std::move(entry));
   }
   summary["per_server"] = std::move(per_server);
-  if (!outputs_.dump_params.empty()) {
+  if (!writer_->file_error().ok()) {
+    summary["params_error"] = std::string(writer_->file_error().message());
+  } else if (!outputs_.dump_params.empty()) {
     // Absolute: `bagpipe compare` reads it from anywhere (relative to where the run ran, it
     // named another file from elsewhere).
     const std::filesystem::path params = std::filesystem::path(outputs_.dump_params) / "params.bin";
@@ -190,6 +192,20 @@ absl::StatusOr<nlohmann::json> RunRecorder::Finish(const JobResult& result, cons
     RETURN_IF_ERROR(WriteJsonFile(outputs_.summary_json, summary));
   }
   return summary;
+}
+
+absl::Status RunRecorder::dump_status() const {
+  if (writer_->file_error().ok()) return absl::OkStatus();
+  return absl::Status(
+      writer_->file_error().code(),
+      absl::StrCat("--dump-params ", outputs_.dump_params, ": ", writer_->file_error().message(),
+                   " (no params.bin was left; the run's results and fingerprint are in its "
+                   "summary",
+                   options_.checkpoint.dir.empty()
+                       ? ")"
+                       : absl::StrCat("; --resume ", options_.checkpoint.dir,
+                                      " with --dump-params elsewhere writes the parameters "
+                                      "again without training)")));
 }
 
 }  // namespace bagpipe

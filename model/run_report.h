@@ -41,6 +41,10 @@ class RunRecorder {
   // it. `data` describes the data source; `mpirun`: the job ran under mpirun.
   absl::StatusOr<nlohmann::json> Finish(const JobResult& result, const std::string& data,
                                         bool mpirun);
+  // After Finish: why params.bin could not be written (the summary, written all the same, then
+  // names no "params" but a "params_error"); OK otherwise. The caller reports the results, then
+  // this error.
+  absl::Status dump_status() const;
 
  private:
   RunRecorder() = default;

@@ -56,7 +56,12 @@ ParamWriter::~ParamWriter() = default;
 
 absl::Status ParamWriter::Write(const void* data, size_t bytes) {
   sha_.Update(data, bytes);
-  if (file_ != nullptr) return file_->Append(data, bytes);
+  if (file_ != nullptr) {
+    if (absl::Status written = file_->Append(data, bytes); !written.ok()) {
+      file_error_ = std::move(written);
+      file_.reset();  // discards the partial file; the fingerprint goes on
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -92,8 +97,9 @@ absl::StatusOr<std::string> ParamWriter::Finish() {
   const uint64_t length = text.size();
   head.append(reinterpret_cast<const char*>(&length), sizeof(length));
   head += text;
-  RETURN_IF_ERROR(file_->OverwriteAt(0, head.data(), head.size()));
-  RETURN_IF_ERROR(file_->Commit());
+  absl::Status written = file_->OverwriteAt(0, head.data(), head.size());
+  if (written.ok()) written = file_->Commit();
+  if (!written.ok()) file_error_ = std::move(written);
   file_.reset();
   return digest;
 }

@@ -43,6 +43,9 @@ class ParamWriter {
   // Completes the file and returns the SHA-256 of the parameters.
   absl::StatusOr<std::string> Finish();
   int64_t rows() const { return rows_; }
+  // Why the file could not be written (a full disk): the fingerprint is computed all the same
+  // (the run's results are not lost with the file), and no file is left. OK otherwise.
+  const absl::Status& file_error() const { return file_error_; }
 
  private:
   ParamWriter() = default;
@@ -56,6 +59,7 @@ class ParamWriter {
   bool has_last_ = false;
   RowId last_row_ = 0;
   Sha256 sha_;
+  absl::Status file_error_;
 };
 
 struct ParamDump {

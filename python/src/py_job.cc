@@ -395,6 +395,10 @@ py::object JobCore::Finish(const std::string& summary_json, const std::string& d
   }
   absl::StatusOr<nlohmann::json> summary = recorder->Finish(result, description_, mpirun_);
   if (!summary.ok()) RaiseError("JobError", std::string(summary.status().message()));
+  // The summary (written if asked) keeps the results of a run whose parameter dump failed.
+  if (absl::Status dumped = recorder->dump_status(); !dumped.ok()) {
+    RaiseError("JobError", std::string(dumped.message()));
+  }
   return py::str(summary->dump());
 }
 

@@ -2,6 +2,8 @@
 // crafted file is an error naming it, never a crash or a huge allocation.
 #include "trainer_hooks/param_dump.h"
 
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <cmath>
@@ -71,6 +73,36 @@ class ParamDumpTest : public ::testing::Test {
   std::string dir_;
   std::string bytes_;
 };
+
+// A dump that cannot be written (a full disk; here a file size limit) leaves no file, but the
+// fingerprint is computed all the same: the run's results are not lost with the file.
+TEST_F(ParamDumpTest, AFailedFileKeepsTheFingerprintAndLeavesNoFile) {
+  const std::string dir = dir_ + "/full";
+  std::filesystem::create_directories(dir);
+  auto fingerprint_only = ParamWriter::Create("", {{"dim", 2}}, 1024);
+  auto writer = ParamWriter::Create(dir, {{"dim", 2}}, 1024);
+  ASSERT_TRUE(writer.ok() && fingerprint_only.ok());
+  const std::vector<float> record(1024, 0.25f);
+  {
+    const sighandler_t old_handler = ::signal(SIGXFSZ, SIG_IGN);
+    rlimit old_limit;
+    ::getrlimit(RLIMIT_FSIZE, &old_limit);
+    rlimit limit = old_limit;
+    limit.rlim_cur = kHeaderBytes + 64 * 1024;  // the header and a few rows
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    for (RowId row = 0; row < 200; ++row) {
+      ASSERT_TRUE((*writer)->AddRow(row, record.data()).ok());
+      ASSERT_TRUE((*fingerprint_only)->AddRow(row, record.data()).ok());
+    }
+    const absl::StatusOr<std::string> sha = (*writer)->Finish();
+    ::setrlimit(RLIMIT_FSIZE, &old_limit);
+    ::signal(SIGXFSZ, old_handler);
+    ASSERT_TRUE(sha.ok()) << sha.status();
+    EXPECT_EQ(*sha, *(*fingerprint_only)->Finish());
+  }
+  EXPECT_THAT((*writer)->file_error().message(), HasSubstr("params.bin"));
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+}
 
 TEST_F(ParamDumpTest, AWrittenDumpReadsBack) {
   auto dump = ReadParamDump(dir_);
