@@ -63,6 +63,10 @@ int main(int argc, char** argv) {
     // An exception escaping the command (an allocation the up-front estimates did not foresee,
     // a thread the process could not start) is its error, not std::terminate.
     absl::Status status = bagpipe::StatusOfCall([&] { return command.run(); });
+    // The command is over: what is left is the process's exit, whose library teardown can
+    // hang (OpenBLAS joins its threads, which spin when memory ran out), and the first Ctrl-C
+    // or SIGTERM must end it, not be taken for a graceful stop of a job that is over.
+    bagpipe::RestoreDefaultStopHandlers();
     if (absl::IsCancelled(status)) {
       // A job stopped on request (SIGINT/SIGTERM) that can be resumed: one line says how.
       std::fprintf(stderr, "bagpipe %s: %s\n", command.app->get_name().c_str(),

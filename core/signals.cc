@@ -28,6 +28,10 @@ void InstallStopHandlers() {
   sigaction(SIGUSR1, &action, nullptr);
 }
 
+void RestoreDefaultStopHandlers() {
+  for (const int signal : {SIGINT, SIGTERM, SIGUSR1}) ::signal(signal, SIG_DFL);
+}
+
 int StopSignal() { return stop_signal.load(); }
 
 void ResetStopSignal() { stop_signal.store(0); }

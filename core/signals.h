@@ -19,6 +19,8 @@ namespace bagpipe {
 void InstallStopHandlers();
 // 0 until the first of those signals arrived; then its number.
 int StopSignal();
+// Puts back the signals' default actions (the job is over: a signal ends the process).
+void RestoreDefaultStopHandlers();
 // Forgets a recorded signal (tests).
 void ResetStopSignal();
 
