@@ -1321,7 +1321,8 @@ class Job:
     def abort(self, message="aborted"):
         """Ends the job everywhere: every blocked or later call raises JobError(message). An
         empty message (or None) says "aborted"; a NUL is spelled \\0 and what UTF-8 cannot
-        encode is escaped, so the message arrives whole."""
+        encode is escaped, so the message arrives whole. After finish() it does nothing (the
+        job is over; ``aborted`` keeps what finish said)."""
         text = "" if message is None else _message_text(message)
         self._core.abort(text or "aborted")
 

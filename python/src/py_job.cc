@@ -295,7 +295,8 @@ void JobCore::Abort(const std::string& message) {
   std::optional<py::gil_scoped_release> release;
   if (PyGILState_Check()) release.emplace();
   absl::MutexLock lock(&mu_);
-  if (job_ != nullptr) job_->Abort(absl::CancelledError(message));
+  // A job that finished is over: its outcome stays what finish() said.
+  if (job_ != nullptr && !finished_) job_->Abort(absl::CancelledError(message));
 }
 
 absl::Status JobCore::aborted() const {
@@ -310,6 +311,11 @@ bool JobCore::closed() const {
 
 void JobCore::Enter(const char* what) {
   absl::MutexLock lock(&mu_);
+  if (closed_ && !finishing_ && !finished_) {
+    // Closed (by another thread, or collected) while this trainer's loop ran: the job ended
+    // under it, no call out of order of its own (UsageError says the trainer can go on).
+    RaiseError("JobError", absl::StrCat(what, ": the job was closed before it finished"));
+  }
   if (closed_ || finishing_) {
     RaiseError("UsageError", absl::StrCat(what, ": the job is ",
                                           closed_ ? "closed" : "finished (Job.finish was called)"));

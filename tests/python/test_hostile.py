@@ -827,6 +827,8 @@ def test_complete_after_leaving_eval_batches_early():
             break  # a held-out batch needs no ending
         trainer.complete()
         assert job.finish()["iterations"] > 0 and not job.aborted
+        job.abort("too late")  # the job is over: its outcome stays
+        assert job.aborted is None
 
 
 def test_complete_inside_an_iteration_is_a_usage_error_that_changes_nothing():

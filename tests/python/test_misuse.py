@@ -94,6 +94,30 @@ def test_calls_out_of_order_raise_usage_error_and_change_nothing():
         trainer.begin_iteration()
 
 
+# A trainer whose job another thread closes mid-run gets JobError (the job ended under it), not
+# UsageError (which says nothing changed and the trainer can go on).
+def test_a_trainer_running_when_another_thread_closes_the_job_gets_job_error():
+    job = bagpipe.Job(small_config(iterations=1000000))
+    (trainer,) = job.trainers
+    errors, started = [], threading.Event()
+
+    def run():
+        try:
+            for _ in trainer:
+                started.set()
+                zero_step(trainer)
+        except Exception as error:  # noqa: BLE001 (the test looks at its type)
+            errors.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert started.wait(60)
+    job.close()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and type(errors[0]) is bagpipe.JobError, errors
+
+
 def test_tensors_of_the_wrong_shape_dtype_device_or_layout_raise():
     with bagpipe.Job(small_config()) as job:
         (trainer,) = job.trainers
