@@ -568,6 +568,15 @@ absl::StatusOr<std::string> CheckpointCoordinator::Write(Iteration iteration,
     return absl::FailedPreconditionError(
         absl::StrCat("cannot create checkpoint directory '", path, "': ", error.message()));
   }
+  // A checkpoint that fails part-way (a full disk, a server gone) is removed: without its
+  // manifest it is no checkpoint, and its files would only take the space.
+  struct RemoveUnlessComplete {
+    const std::string& path;
+    bool complete = false;
+    ~RemoveUnlessComplete() {
+      if (!complete) (void)RemoveCheckpoint(path);
+    }
+  } incomplete{path};
   RETURN_IF_ERROR(SyncDirectory(options_.dir));
   for (int s = 0; s < layout_.servers; ++s) {
     ShardRequest request;
@@ -631,6 +640,7 @@ absl::StatusOr<std::string> CheckpointCoordinator::Write(Iteration iteration,
     ::raise(SIGKILL);
   }
   RETURN_IF_ERROR(WriteManifest(path, manifest));
+  incomplete.complete = true;  // written: a later error leaves it to resume from
   RETURN_IF_ERROR(SyncDirectory(path));
   last_written_ = iteration;
   RETURN_IF_ERROR(PruneCheckpoints(options_.dir, options_.keep, iteration));

@@ -358,6 +358,24 @@ else
   echo "ok   --cache device --resume refused: $(grep -m1 -o 'cache device cannot resume[^;]*' "$WORK/device_resume.log")"
 fi
 
+# A checkpoint that fails part-way (a file size limit stands in for a full disk: the server's
+# shard of the second checkpoint is over it) is removed, the complete one before it is kept.
+ck="$WORK/ck_full"
+(
+  trap '' XFSZ
+  ulimit -f 2500
+  "$BAGPIPE" train --data synthetic:samples=20000,tables=4 --batch-size 256 --iterations 20 \
+    --dim 64 --checkpoint-dir "$ck" --checkpoint-every 10 --keep-checkpoints 0 --quiet
+) >"$WORK/full.log" 2>&1
+rc=$?
+left=$(cd "$ck" 2>/dev/null && ls | tr '\n' ' ')
+if [[ $rc -ne 0 ]] && grep -q "ckpt-20/server-0-of-1.bin': File too large" "$WORK/full.log" &&
+  [[ "$left" == "ckpt-10 " && -f "$ck/ckpt-10/MANIFEST" ]]; then
+  echo "ok   failed checkpoint removed (exit $rc, left: $left)"
+else
+  fail "failed checkpoint: exit $rc, left '$left': $(tail -2 "$WORK/full.log")"
+fi
+
 # --- under mpirun: T = 2, S = 2 -----------------------------------------------------------------
 if [[ -n $MPIEXEC ]]; then
   ref="$WORK/ref_T2S2"
