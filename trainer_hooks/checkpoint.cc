@@ -414,7 +414,7 @@ CheckpointCoordinator::CheckpointCoordinator(Transport& transport, const JobLayo
     : transport_(transport), layout_(layout), options_(std::move(options)), timeout_(timeout) {}
 
 absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
-    BatchStream& train, Iteration max_iterations) {
+    BatchStream& train, Iteration max_iterations, const std::function<int()>& stop_requested) {
   Start start;
   // A --resume path that names no directory (a typo) is refused before anything is created:
   // the directory it writes to defaults to it, and creating it would leave a stray directory
@@ -491,6 +491,8 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
                           EncodeControl(ControlKind::kRestore, EncodeShardRequest(request))));
     }
     // Meanwhile, the stream is read up to the checkpoint (dictionaries rebuild the same ids).
+    BAGPIPE_LOG(INFO) << "resuming from " << path << ": reading the data up to iteration "
+                      << manifest.iteration << " (" << manifest.stream.samples << " samples)";
     Batch batch;
     StreamPosition position;
     bool ended = false;
@@ -505,6 +507,21 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
       }
       ++position.batches;
       ConsumeBatch(batch, &position);
+      if (stop_requested && position.batches % 64 == 0) {
+        if (const int signal = stop_requested(); signal != 0) {
+          return absl::CancelledError(
+              absl::StrCat("stopped by ",
+                           signal == SIGINT    ? "SIGINT"
+                           : signal == SIGTERM ? "SIGTERM"
+                           : signal == SIGUSR1 ? "SIGUSR1"
+                                               : absl::StrCat("signal ", signal),
+                           " while the data were read up to ", path, " (", position.batches, " of ",
+                           manifest.stream.batches,
+                           " batches): nothing was trained or written; resume with "
+                           "--resume ",
+                           options_.resume, " again"));
+        }
+      }
     }
     position.epoch = train.epoch();
     StreamPosition expected = manifest.stream;

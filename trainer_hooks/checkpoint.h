@@ -51,6 +51,7 @@
 #define BAGPIPE_TRAINER_HOOKS_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -206,7 +207,11 @@ class CheckpointCoordinator {
   // iteration (-1: none): a checkpoint past it is refused before anything is read (the job
   // would train nothing, and the stream would be read up to the checkpoint for nothing); one at
   // it starts a job with no iteration left (a finished job started again), with a warning.
-  absl::StatusOr<Start> Begin(BatchStream& train, Iteration max_iterations = -1);
+  // `stop_requested` (may be empty; a signal's number or 0) is polled while the stream is read
+  // up to the checkpoint: a stop there ends the job with a Cancelled error, nothing trained or
+  // written.
+  absl::StatusOr<Start> Begin(BatchStream& train, Iteration max_iterations = -1,
+                              const std::function<int()>& stop_requested = nullptr);
   // After the kCheckpoint plans of `iteration` went to the trainers: collects trainer 0's loop
   // state and the servers' shards, writes trainer.bin and the manifest, prunes. Returns the
   // checkpoint's path.

@@ -137,8 +137,9 @@ class OracleRunner {
     }
     CheckpointCoordinator checkpoints(transport_, layout_, options_.checkpoint,
                                       absl::Milliseconds(CheckpointTimeoutMs()));
-    ASSIGN_OR_RETURN(const CheckpointCoordinator::Start start,
-                     checkpoints.Begin(train, options_.max_iterations));
+    ASSIGN_OR_RETURN(
+        const CheckpointCoordinator::Start start,
+        checkpoints.Begin(train, options_.max_iterations, [this] { return PollStop(); }));
     // Every trainer learns where the job starts (and, resuming, the loop state to restore).
     for (int t = 0; t < layout_.trainers; ++t) {
       WireWriter w;

@@ -376,6 +376,28 @@ else
   fail "failed checkpoint: exit $rc, left '$left': $(tail -2 "$WORK/full.log")"
 fi
 
+# A stop while a resume reads the data up to its checkpoint (seconds for millions of samples)
+# ends the job there: exit 75, nothing trained or written.
+ck="$WORK/ck_replay"
+LONG=(--data synthetic:samples=5000000,tables=4 --batch-size 512 --quiet)
+"$BAGPIPE" train "${LONG[@]}" --iterations 4000 --checkpoint-dir "$ck" >"$WORK/replay0.log" 2>&1
+before=$(snapshot "$ck")
+"$BAGPIPE" train "${LONG[@]}" --iterations 5000 --resume "$ck" >"$WORK/replay.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 200); do
+  grep -q "resuming from" "$WORK/replay.log" && break
+  sleep 0.05
+done
+kill -INT $pid
+wait $pid
+rc=$?
+if [[ $rc -eq 75 ]] && grep -q "stopped by SIGINT while the data were read up to .*nothing was trained" \
+  "$WORK/replay.log" && [[ "$before" == "$(snapshot "$ck")" ]]; then
+  echo "ok   stop during the replay (exit 75, checkpoints unchanged)"
+else
+  fail "stop during the replay: exit $rc: $(tail -2 "$WORK/replay.log")"
+fi
+
 # --- under mpirun: T = 2, S = 2 -----------------------------------------------------------------
 if [[ -n $MPIEXEC ]]; then
   ref="$WORK/ref_T2S2"
