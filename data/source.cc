@@ -46,9 +46,17 @@ absl::Status RefuseCompressedFile(int fd, const std::string& what) {
   };
   for (const Magic& m : kMagics) {
     if (!matches(m.bytes)) continue;
+    // The decompressor's output also streams (docs/input.md): hashed ids read a pipe once.
+    const std::string command = m.command;
+    const std::string tool = command.substr(0, command.find(' '));
+    const std::string spec(what);
+    const std::string format =
+        spec.find(':') == std::string::npos ? "FORMAT" : spec.substr(0, spec.find(':'));
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": the file is ", m.name,
-        "-compressed and the reader takes plain text; decompress it first (", m.command, " FILE)"));
+        "-compressed and the reader takes plain text; decompress it first (", command,
+        " FILE), or stream it: ", tool, " -dc FILE | bagpipe convert --data ", format,
+        ":/dev/stdin --out FILE.bin (or train --data ", format, ":/dev/stdin --row-budget N)"));
   }
   // Archives (datasets are often shipped as .zip or .tar) hold files rather than text.
   if (matches("PK\x03\x04") || matches("PK\x05\x06")) {

@@ -105,7 +105,7 @@ done
 # --- bad input ---------------------------------------------------------------------------
 expect_error missing_file "no_such_file.tsv" train --data "criteo:$WORK/no_such_file.tsv" --quiet
 gzip -c "$SRC/tests/fixtures/criteo_kaggle_sample_100.tsv" >"$WORK/day_0.gz"
-expect_error gzip_input "criteo:.*day_0.gz: the file is gzip-compressed .*decompress it first" \
+expect_error gzip_input "criteo:.*day_0.gz: the file is gzip-compressed .*decompress it first.*gzip -dc FILE \\| bagpipe convert --data criteo:/dev/stdin" \
   train --data "criteo:$WORK/day_0.gz" --quiet
 printf '1\t2\t3\n' >"$WORK/short.tsv"
 expect_error short_line "short.tsv:1:.*fields" train --data "criteo:$WORK/short.tsv" --quiet
