@@ -65,9 +65,12 @@ void Progress::Draw(bool final_line) {
     constexpr int kWidth = 24;
     const int filled = static_cast<int>(fraction * kWidth);
     line += " [" + std::string(filled, '#') + std::string(kWidth - filled, '.') + "]";
-    line += absl::StrFormat(" %d/%d %3.0f%%", done_, total_, 100 * fraction);
+    line += absl::StrFormat(" %d/%d", done_, total_);
+    if (unit_ != "it") line += " " + unit_;  // iterations go without saying; MB do not
+    line += absl::StrFormat(" %3.0f%%", 100 * fraction);
   } else {
     line += absl::StrFormat(" %d", done_);
+    if (unit_ != "it") line += " " + unit_;
   }
   line += absl::StrFormat(" %.1f %s/s", rate, unit_);
   if (total_ > 0 && !final_line && rate > 0) {
