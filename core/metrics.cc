@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -51,20 +52,33 @@ JsonLinesWriter::~JsonLinesWriter() {
 }
 
 absl::Status JsonLinesWriter::Start(int64_t keep_through_iteration,
-                                    std::optional<int64_t> first_line) {
+                                    std::optional<std::vector<int64_t>> run_files) {
   std::lock_guard<std::mutex> lock(mu_);
-  return StartLocked(keep_through_iteration, first_line);
+  return StartLocked(keep_through_iteration, run_files);
+}
+
+std::vector<int64_t> JsonLinesWriter::first_lines() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> lines = run_files_;
+  if (file_first_line_.has_value() &&
+      std::find(lines.begin(), lines.end(), *file_first_line_) == lines.end()) {
+    lines.push_back(*file_first_line_);
+  }
+  if (lines.size() > kMaxRunFiles) lines.erase(lines.begin(), lines.end() - kMaxRunFiles);
+  return lines;
 }
 
 absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
-                                          std::optional<int64_t> first_line) {
+                                          const std::optional<std::vector<int64_t>>& run_files) {
   if (started_) {
     return absl::FailedPreconditionError(
         "metrics file started twice (one writer per job: the loop of one trainer, e.g. trainer "
         "0, starts and writes it)");
   }
-  started_ = true;
-  if (path_ == "-") {
+  run_files_ =
+      keep_through_iteration >= 0 && run_files.has_value() ? *run_files : std::vector<int64_t>();
+  if (path_ == "-") {  // nothing to read back
+    started_ = true;
     fd_ = STDOUT_FILENO;
     return absl::OkStatus();
   }
@@ -74,6 +88,7 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
     std::error_code error;
     const auto status = std::filesystem::status(path_, error);
     if (!error && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+      run_files_.clear();
       return absl::FailedPreconditionError(absl::StrCat(
           "metrics file '", path_, "' is not a regular file (a directory, FIFO or device)"));
     }
@@ -81,23 +96,14 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
     std::stringstream buffer;
     buffer << in.rdbuf();
     const std::string old = buffer.str();
-    // An iteration before the resumed one in a file whose run had written no line by then.
-    std::optional<int64_t> earlier_iteration;
+    std::optional<int64_t> old_first_line;     // the old file's
+    std::optional<int64_t> earlier_iteration;  // its first line before the checkpoint's
     size_t begin = 0;
     while (begin < old.size()) {
       const size_t end = old.find('\n', begin);
       if (end == std::string::npos) break;  // a torn last line
       const std::string_view line(old.data() + begin, end - begin);
-      if (begin == 0 && first_line.has_value() && *first_line != kNoMetricsLine &&
-          static_cast<int64_t>(Crc32c(line)) != *first_line) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "metrics file '", Printable(path_),
-            "' holds another run's metrics: its first line is "
-            "not the one the checkpointed run wrote, and keeping its lines up to iteration ",
-            keep_through_iteration,
-            " would splice the two runs. Resume with that run's own "
-            "--out (or --metrics-out), a new one, or remove the file"));
-      }
+      if (begin == 0) old_first_line = static_cast<int64_t>(Crc32c(line));
       // Lines up to the iteration resumed from stay, and lines that name no iteration; a line
       // whose "iteration" is not an int64 (a damaged line) goes.
       const nlohmann::json record = ParseUntrustedJson(line);
@@ -105,8 +111,6 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
       if (keep && record.is_object() && record.contains("iteration")) {
         const absl::StatusOr<int64_t> iteration = JsonToInt64(record["iteration"], "iteration");
         keep = iteration.ok() && *iteration <= keep_through_iteration;
-        // The run's own line of the checkpoint's iteration may follow the checkpoint (the final
-        // line of a stopped run); an earlier one may not.
         if (iteration.ok() && *iteration < keep_through_iteration && !earlier_iteration) {
           earlier_iteration = *iteration;
         }
@@ -114,18 +118,15 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
       if (keep) kept.append(old, begin, end + 1 - begin);
       begin = end + 1;
     }
-    if (first_line == kNoMetricsLine && earlier_iteration.has_value()) {
+    if (run_files.has_value() && old_first_line.has_value() && earlier_iteration.has_value() &&
+        std::find(run_files->begin(), run_files->end(), *old_first_line) == run_files->end()) {
+      run_files_.clear();  // nothing changed: Start may be called again
       return absl::FailedPreconditionError(absl::StrCat(
-          "metrics file '", Printable(path_),
-          "' holds another run's metrics: it has a line of "
-          "iteration ",
-          *earlier_iteration,
-          ", but the checkpointed run had written no line "
-          "before its checkpoint of iteration ",
-          keep_through_iteration,
-          ", and keeping them "
-          "would splice the two runs. Resume with that run's own --out (or --metrics-out), a "
-          "new one, or remove the file"));
+          "metrics file '", Printable(path_), "' holds another run's metrics: its first line is ",
+          "none the checkpointed run wrote, and it has lines before the checkpoint's iteration ",
+          keep_through_iteration, " (the first of iteration ", *earlier_iteration,
+          "): keeping them would splice the two runs. Resume with that run's own --out (or "
+          "--metrics-out), a new one, or remove the file"));
     }
   }
   RETURN_IF_ERROR(Annotate(WriteFileAtomically(path_, kept), "metrics file"));
@@ -144,15 +145,16 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
   }
   fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (fd_ < 0) {
+    run_files_.clear();
     return absl::FailedPreconditionError(
         absl::StrCat("cannot open metrics file '", path_, "': ", std::strerror(errno)));
   }
+  started_ = true;
   size_ = static_cast<int64_t>(kept.size());
   const size_t first_end = kept.find('\n');
-  first_line_crc32c_ =
-      first_end == std::string::npos
-          ? kNoMetricsLine
-          : static_cast<int64_t>(Crc32c(std::string_view(kept).substr(0, first_end)));
+  if (first_end != std::string::npos) {
+    file_first_line_ = static_cast<int64_t>(Crc32c(std::string_view(kept).substr(0, first_end)));
+  }
   return absl::OkStatus();
 }
 
@@ -168,7 +170,7 @@ absl::Status JsonLinesWriter::Write(const nlohmann::json& record) {
   } while (written < 0 && errno == EINTR);
   if (written == static_cast<ssize_t>(line.size())) {
     if (size_ == 0) {
-      first_line_crc32c_ =
+      file_first_line_ =
           static_cast<int64_t>(Crc32c(std::string_view(line).substr(0, line.size() - 1)));
     }
     size_ += written;

@@ -41,24 +41,24 @@ class JsonLinesWriter {
   // Starts the file. keep_through_iteration < 0: an empty file replaces the old one. Otherwise
   // (a resumed job) the old file's complete lines whose "iteration" is at most that value (and
   // lines without one) are kept and later records appended. Either way the replacement is
-  // atomic. Write calls Start(-1) if it was not called. REQUIRES: called at most once.
+  // atomic. Write calls Start(-1) if it was not called. Called once successfully; a failed
+  // Start changed nothing and may be called again.
   //
-  // `first_line` (a resumed job): what the checkpointed run had written, first_line_crc32c() at
-  // its checkpoint. When the old file does not continue that run — its first line is another,
-  // or (kNoMetricsLine) it holds lines of iterations before the checkpoint's although the run
-  // had written none — keeping its lines would splice two runs' metrics into one file: Start
-  // fails (FailedPrecondition) and leaves the file as it is. nullopt: not known (a checkpoint
-  // that did not record it); the lines are kept as above.
-  static constexpr int64_t kNoMetricsLine = -1;
+  // `run_files` (a resumed job): the checkpointed run's first_lines() at its checkpoint. An old
+  // file whose first line is none of them but which holds lines of iterations before the
+  // checkpoint's is another run's: keeping those would splice two runs' metrics into one file,
+  // so Start fails (FailedPrecondition) and leaves the file as it is. (Lines of the checkpoint's
+  // iteration and later, such as the final line a stopped run wrote after its checkpoint, are
+  // no sign of another run.) nullopt: not known (a checkpoint that did not record it); the
+  // lines are kept as above.
   absl::Status Start(int64_t keep_through_iteration = -1,
-                     std::optional<int64_t> first_line = std::nullopt);
-  // The CRC32C of the file's first complete line (without its newline): the line this writer
-  // wrote first, or the first one Start kept; kNoMetricsLine while there is none. A checkpoint
-  // records it, so that a job resuming from it recognises the run's file (Start).
-  int64_t first_line_crc32c() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return first_line_crc32c_;
-  }
+                     std::optional<std::vector<int64_t>> run_files = std::nullopt);
+  // The CRC32C (without its newline) of the first line of each metrics file the run wrote: this
+  // file's once it has a line, and those Start was given (a resumed run's, which may have
+  // written elsewhere before), the newest kMaxRunFiles. A checkpoint records them, so that a
+  // job resuming from it recognises the run's files (Start).
+  static constexpr size_t kMaxRunFiles = 16;
+  std::vector<int64_t> first_lines() const;
   // Outputs of the same run (its summary, its parameter dump) that a fresh Start (not a resumed
   // one) removes if they are regular files: they belong to the earlier run the new metrics
   // replace. Call before Start.
@@ -71,7 +71,8 @@ class JsonLinesWriter {
 
  private:
   explicit JsonLinesWriter(std::string path) : path_(std::move(path)) {}
-  absl::Status StartLocked(int64_t keep_through_iteration, std::optional<int64_t> first_line)
+  absl::Status StartLocked(int64_t keep_through_iteration,
+                           const std::optional<std::vector<int64_t>>& run_files)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Serialises whole lines so concurrent writers never interleave.
@@ -80,7 +81,8 @@ class JsonLinesWriter {
   int fd_ ABSL_GUARDED_BY(mu_) = -1;  // -1 until started; stdout's for "-"
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   int64_t size_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of complete lines in the file
-  int64_t first_line_crc32c_ ABSL_GUARDED_BY(mu_) = kNoMetricsLine;
+  std::optional<int64_t> file_first_line_ ABSL_GUARDED_BY(mu_);  // this file's first line
+  std::vector<int64_t> run_files_ ABSL_GUARDED_BY(mu_);          // Start's run_files
   std::vector<std::string> stale_on_fresh_start_;
 };
 

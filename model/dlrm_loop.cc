@@ -65,17 +65,17 @@ struct PhaseTimes {
 
 // The loop's checkpoint state (model/loop_state.h): the dense parameters and optimizer state,
 // and what the run's metrics file starts with (`metrics`: trainer 0's, else null), which a
-// resumed job's restore leaves in *metrics_first_line.
+// resumed job's restore leaves in *metrics_first_lines.
 template <typename Head>
 LoopState MakeLoopState(Head* model, int64_t* global_samples, const JsonLinesWriter* metrics,
-                        std::optional<int64_t>* metrics_first_line) {
+                        std::optional<std::vector<int64_t>>* metrics_first_lines) {
   LoopState state;
   state.save = [model, global_samples, metrics]() -> absl::StatusOr<std::string> {
     DenseLoopState saved;
     RETURN_IF_ERROR(model->ReadParameters(&saved.parameters));
     RETURN_IF_ERROR(model->ReadOptimizerState(&saved.optimizer_state));
     saved.global_samples = *global_samples;
-    if (metrics != nullptr) saved.metrics_first_line = metrics->first_line_crc32c();
+    if (metrics != nullptr) saved.metrics_first_lines = metrics->first_lines();
     // A diverged run fails here rather than leave a checkpoint nothing can train on from as
     // the newest one (the complete ones before it are kept).
     const absl::Status finite = CheckDenseLoopStateFinite(saved);
@@ -88,7 +88,7 @@ LoopState MakeLoopState(Head* model, int64_t* global_samples, const JsonLinesWri
     return EncodeDenseLoopState(saved);
   };
   state.restore = [model, global_samples,
-                   metrics_first_line](std::string_view bytes) -> absl::Status {
+                   metrics_first_lines](std::string_view bytes) -> absl::Status {
     ASSIGN_OR_RETURN(const DenseLoopState saved, DecodeDenseLoopState(bytes));
     std::vector<float> current;
     RETURN_IF_ERROR(model->ReadParameters(&current));
@@ -101,7 +101,7 @@ LoopState MakeLoopState(Head* model, int64_t* global_samples, const JsonLinesWri
     RETURN_IF_ERROR(model->WriteParameters(saved.parameters));
     RETURN_IF_ERROR(model->WriteOptimizerState(saved.optimizer_state));
     *global_samples = saved.global_samples;
-    *metrics_first_line = saved.metrics_first_line;
+    *metrics_first_lines = saved.metrics_first_lines;
     return absl::OkStatus();
   };
   return state;
@@ -188,15 +188,15 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
   int64_t global_samples = 0;  // all trainers', through the last iteration (the same everywhere)
 
   // Checkpoints hold the dense replica (the same on every trainer) and the job-wide counters.
-  std::optional<int64_t> metrics_first_line;  // a resumed job's, from its checkpoint
+  std::optional<std::vector<int64_t>> metrics_first_lines;  // a resumed job's checkpoint's
   RETURN_IF_ERROR(trainer.SetLoopState(MakeLoopState(
-      model, &global_samples, leader ? options.metrics : nullptr, &metrics_first_line)));
+      model, &global_samples, leader ? options.metrics : nullptr, &metrics_first_lines)));
   ASSIGN_OR_RETURN(const Iteration first_iteration, trainer.FirstIteration());
   if (leader && options.metrics != nullptr) {
     // A resumed job keeps the metrics of the iterations before its checkpoint, in the file of
     // the run it continues only.
     RETURN_IF_ERROR(
-        options.metrics->Start(first_iteration > 0 ? first_iteration : -1, metrics_first_line));
+        options.metrics->Start(first_iteration > 0 ? first_iteration : -1, metrics_first_lines));
   }
 
   auto report = [&](bool final_report) -> absl::Status {

@@ -34,8 +34,8 @@ std::string EncodeDenseLoopState(const DenseLoopState& state) {
   nlohmann::json header = {{"parameters", state.parameters.size()},
                            {"optimizer_state", state.optimizer_state.size()},
                            {"global_samples", state.global_samples}};
-  if (state.metrics_first_line.has_value()) {
-    header["metrics_first_line"] = *state.metrics_first_line;
+  if (state.metrics_first_lines.has_value()) {
+    header["metrics_first_lines"] = *state.metrics_first_lines;
   }
   std::string out = header.dump();
   out += '\n';
@@ -75,12 +75,18 @@ absl::StatusOr<DenseLoopState> DecodeDenseLoopState(std::string_view bytes) {
   }
   DenseLoopState state;
   state.global_samples = global_samples;
-  if (header.contains("metrics_first_line")) {
-    ASSIGN_OR_RETURN(state.metrics_first_line, field("metrics_first_line"));
-    if (*state.metrics_first_line < -1 ||
-        *state.metrics_first_line > std::numeric_limits<uint32_t>::max()) {
-      return bad(
-          absl::StrCat("header: metrics_first_line ", *state.metrics_first_line, " is no CRC32C"));
+  if (header.contains("metrics_first_lines")) {
+    const nlohmann::json& lines = header["metrics_first_lines"];
+    if (!lines.is_array() || lines.size() > 64) {
+      return bad("header: metrics_first_lines is not a list of at most 64 CRC32Cs");
+    }
+    state.metrics_first_lines.emplace();
+    for (const nlohmann::json& line : lines) {
+      ASSIGN_OR_RETURN(const int64_t crc, JsonToInt64(line, "metrics_first_lines"));
+      if (crc < 0 || crc > std::numeric_limits<uint32_t>::max()) {
+        return bad(absl::StrCat("header: metrics_first_lines holds ", crc, ", no CRC32C"));
+      }
+      state.metrics_first_lines->push_back(crc);
     }
   }
   state.parameters.resize(static_cast<size_t>(parameters));

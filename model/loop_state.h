@@ -1,5 +1,5 @@
 // The reference loop's checkpoint state (model/dlrm_loop.cc hands it to Trainer::SetLoopState):
-// a JSON header line {parameters, optimizer_state, global_samples[, metrics_first_line]}, then the
+// a JSON header line {parameters, optimizer_state, global_samples[, metrics_first_lines]}, then the
 // dense parameters and the dense optimizer state as raw little-endian floats. It is read back from
 // a checkpoint file (trainer.bin), so decoding treats it as untrusted: every count is checked
 // against the bytes present before anything is allocated.
@@ -20,9 +20,9 @@ struct DenseLoopState {
   std::vector<float> parameters;
   std::vector<float> optimizer_state;
   int64_t global_samples = 0;
-  // JsonLinesWriter::first_line_crc32c() of the run's metrics file at the checkpoint (trainer 0's
-  // loop writes the metrics); nullopt: no metrics file, or a state saved before it was recorded.
-  std::optional<int64_t> metrics_first_line;
+  // JsonLinesWriter::first_lines() of the run's metrics at the checkpoint (trainer 0's loop
+  // writes them); nullopt: no metrics file, or a state saved before they were recorded.
+  std::optional<std::vector<int64_t>> metrics_first_lines;
 };
 
 std::string EncodeDenseLoopState(const DenseLoopState& state);

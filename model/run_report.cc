@@ -178,7 +178,7 @@ absl::StatusOr<nlohmann::json> RunRecorder::Finish(const JobResult& result, cons
   }
   summary["per_server"] = std::move(per_server);
   if (!writer_->file_error().ok()) {
-    summary["params_error"] = std::string(writer_->file_error().message());
+    summary["params_error"] = std::string(dump_status().message());
   } else if (!outputs_.dump_params.empty()) {
     // Absolute: `bagpipe compare` reads it from anywhere (relative to where the run ran, it
     // named another file from elsewhere).
@@ -204,8 +204,8 @@ absl::Status RunRecorder::dump_status() const {
                    options_.checkpoint.dir.empty()
                        ? ")"
                        : absl::StrCat("; --resume ", options_.checkpoint.dir,
-                                      " with --dump-params elsewhere writes the parameters "
-                                      "again without training)")));
+                                      " with another --out and --dump-params writes the "
+                                      "parameters again without training)")));
 }
 
 }  // namespace bagpipe

@@ -127,6 +127,17 @@ class OracleRunner {
   }
 
   int PollStop() { return PollStopRequest(transport_, options_.stop_requested); }
+  // After a read of the data failed with `error`: the signal that stops the job may end the
+  // data's producers too, before the stop request gets here (a Ctrl-C reaches the worker
+  // processes of a PyTorch DataLoader), and the work already planned needs no further batch.
+  // Returns the stop's signal when one follows within a second, else `error`.
+  absl::StatusOr<int> StopAfterFailedRead(const absl::Status& error) {
+    for (int k = 0; k < 100; ++k) {
+      if (const int signal = PollStop(); signal != 0) return signal;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return error;
+  }
 
   absl::Status Run(BatchStream& train, BatchStream* eval) {
     if (!options_.checkpoint.resume.empty() && options_.planner.policy == CachePolicy::kDevice) {
@@ -191,15 +202,7 @@ class OracleRunner {
           absl::StatusOr<bool> read = train.Next(&batch);
           stats_->read_seconds += read_watch.Seconds();
           if (!read.ok()) {
-            // The signal that stops the job may end the data's producers too, before the stop
-            // request gets here (a Ctrl-C reaches the worker processes of a PyTorch DataLoader):
-            // the iterations already planned do not need this batch, so a stop that follows
-            // within a moment ends the run as stops do, with its checkpoint.
-            for (int k = 0; k < 100 && stop == 0; ++k) {
-              absl::SleepFor(absl::Milliseconds(10));
-              stop = PollStop();
-            }
-            if (stop == 0) return read.status();
+            ASSIGN_OR_RETURN(stop, StopAfterFailedRead(read.status()));
             BAGPIPE_LOG(WARNING) << "stop requested (signal " << stop << ") as reading batch "
                                  << next << " failed (" << read.status().message()
                                  << "): training stops after the iterations already planned";
@@ -273,8 +276,16 @@ class OracleRunner {
           stats_->stopped_after_training = true;
           break;
         }
-        ASSIGN_OR_RETURN(const bool got, eval->Next(&batch));
-        if (!got) break;
+        absl::StatusOr<bool> got = eval->Next(&batch);
+        if (!got.ok()) {
+          ASSIGN_OR_RETURN(stop, StopAfterFailedRead(got.status()));
+          BAGPIPE_LOG(WARNING) << "stop requested (signal " << stop
+                               << ") as reading evaluation batch " << index << " failed ("
+                               << got.status().message() << "): the evaluation ends there";
+          stats_->stopped_after_training = true;
+          break;
+        }
+        if (!*got) break;
         RETURN_IF_ERROR(Annotate(batch.Validate(schema), "evaluation data"));
         for (int t = 0; t < layout_.trainers; ++t) {
           RETURN_IF_ERROR(

@@ -21,7 +21,11 @@ class UsageError(Error):
 class JobError(Error):
     """The job failed: on another thread or rank (a peer died or hung, bad data, an exception in
     another trainer's loop), or it was aborted (abort(), Ctrl-C). The message is the root cause,
-    named by the rank where it happened. Every trainer's next call raises it too."""
+    named by the rank where it happened. Every trainer's next call raises it too. Raised by
+    Job.finish when only the parameter dump failed (a full disk), it carries the run's summary
+    as ``summary`` (also written to summary_json, with "params_error")."""
+
+    summary = None
 
 
 class Stopped(Error):

@@ -332,9 +332,9 @@ class MetricsWriter:
             raise TypeError("MetricsWriter: replaces must be a list of paths, not one path")
         replaces = [_path_text(p, "MetricsWriter replaces") for p in replaces]
         self._writer = _core.MetricsWriter(path, replaces)
-        # What the checkpointed run's file started with (Trainer.checkpoint_torch_state with
-        # metrics=this writer sets it when the job resumes); None: not known.
-        self._resumed_first_line = None
+        # The first lines of the checkpointed run's metrics files (Trainer.checkpoint_torch_state
+        # with metrics=this writer sets them when the job resumes); None: not known.
+        self._resumed_first_lines = None
 
     def start(self, keep_through_iteration=None):
         """Starts the file, at most once and before the first write; pass
@@ -342,22 +342,24 @@ class MetricsWriter:
         lines up to iteration K (and lines without an "iteration"), later ones go, as ``bagpipe
         train --resume`` keeps its metrics; 0 (a fresh job) or ``None``: the file starts empty,
         as at the first write. The file is replaced atomically either way. When the checkpoint
-        says what the run's file started with (``Trainer.checkpoint_torch_state(...,
-        metrics=writer)``), a file of another run raises UsageError and is left as it is,
-        rather than have two runs' lines spliced."""
+        says what the run's files started with (``Trainer.checkpoint_torch_state(...,
+        metrics=writer)``), a file of another run (none of those first lines, and lines before
+        K) raises UsageError and is left as it is, rather than have two runs' lines spliced;
+        start may then be called again."""
         keep = -1 if keep_through_iteration is None else _strict_int(
             keep_through_iteration, -2**63, 2**63 - 1,
             lambda: TypeError(f"MetricsWriter.start: keep_through_iteration must be an int, "
                               f"got {type(keep_through_iteration).__name__}"),
             lambda: ValueError("MetricsWriter.start: keep_through_iteration is out of range"))
         self._writer.start(keep if keep > 0 else -1,
-                           self._resumed_first_line if keep > 0 else None)
+                           self._resumed_first_lines if keep > 0 else None)
 
     @property
-    def first_line_crc32c(self):
-        """The CRC32C of the file's first line (-1: none yet): what a checkpoint records so
-        that a resumed job recognises the run's file (see start)."""
-        return self._writer.first_line_crc32c
+    def first_lines(self):
+        """The CRC32C of the first line of each metrics file the run wrote (this one once it has
+        a line, and those of the run it resumed): what a checkpoint records so that a resumed
+        job recognises the run's files (see start)."""
+        return self._writer.first_lines
 
     def write(self, record):
         self._writer.write_json(_json_text(record, "MetricsWriter.write"))
@@ -799,8 +801,8 @@ class Trainer:
             buffer = io.BytesIO()
             torch.save({"objects": [o.state_dict() for o in objects],
                         "extra": get() if get is not None else None,
-                        "metrics_first_line": (metrics.first_line_crc32c
-                                               if metrics is not None else None)}, buffer)
+                        "metrics_first_lines": (metrics.first_lines
+                                                if metrics is not None else None)}, buffer)
             return buffer.getvalue()
 
         def restore(data):
@@ -814,9 +816,10 @@ class Trainer:
                                      "): it was saved after the training diverged; resume "
                                      "from an earlier checkpoint, with a lower learning rate")
             if metrics is not None:
-                first_line = state.get("metrics_first_line")  # absent in older checkpoints
-                if isinstance(first_line, int) and -1 <= first_line < 2**32:
-                    metrics._resumed_first_line = first_line
+                lines = state.get("metrics_first_lines")  # absent in older checkpoints
+                if isinstance(lines, list) and all(isinstance(v, int) and 0 <= v < 2**32
+                                                   for v in lines):
+                    metrics._resumed_first_lines = lines
             if set is not None:
                 set(state["extra"])
         self.set_loop_state(save, restore)
@@ -1419,6 +1422,11 @@ class Job:
             stopped = result["stopped"]
             raise Stopped(stopped["message"], stopped["iteration"], stopped["checkpoint"],
                           stopped["resume"], stopped["signal"])
+        if result is not None and "params_error" in result:
+            # The parameter dump failed (a full disk): the results are not lost with it.
+            error = JobError(result["params_error"])
+            error.summary = result
+            raise error
         return result
 
     def close(self):

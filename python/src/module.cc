@@ -352,16 +352,16 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "start",
           [](JsonLinesWriter& w, int64_t keep_through_iteration,
-             std::optional<int64_t> first_line) {
-            if (absl::Status status = w.Start(keep_through_iteration, first_line); !status.ok()) {
+             std::optional<std::vector<int64_t>> run_files) {
+            if (absl::Status status = w.Start(keep_through_iteration, run_files); !status.ok()) {
               // Started twice (or after a write), or into another run's file, is the caller's
               // mistake.
               RaiseError(absl::IsFailedPrecondition(status) ? "UsageError" : "JobError",
                          std::string(status.message()));
             }
           },
-          py::arg("keep_through_iteration"), py::arg("first_line") = py::none())
-      .def_property_readonly("first_line_crc32c", &JsonLinesWriter::first_line_crc32c)
+          py::arg("keep_through_iteration"), py::arg("run_files") = py::none())
+      .def_property_readonly("first_lines", &JsonLinesWriter::first_lines)
       .def("write_json", [](JsonLinesWriter& w, const std::string& text) {
         nlohmann::json record = nlohmann::json::parse(text, nullptr, false);
         if (record.is_discarded()) RaiseError("UsageError", "MetricsWriter: not JSON");

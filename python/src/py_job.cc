@@ -311,9 +311,10 @@ bool JobCore::closed() const {
 
 void JobCore::Enter(const char* what) {
   absl::MutexLock lock(&mu_);
-  if (closed_ && !finishing_ && !finished_) {
-    // Closed (by another thread, or collected) while this trainer's loop ran: the job ended
-    // under it, no call out of order of its own (UsageError says the trainer can go on).
+  if (closed_ && !finishing_ && !finished_ && closer_ != std::this_thread::get_id()) {
+    // Closed by another thread (or collected) while this trainer's loop ran: the job ended
+    // under it, no call out of order of its own (UsageError says the trainer can go on). A
+    // call after this thread's own close() is that thread's mistake: UsageError below.
     RaiseError("JobError", absl::StrCat(what, ": the job was closed before it finished"));
   }
   if (closed_ || finishing_) {
@@ -401,10 +402,8 @@ py::object JobCore::Finish(const std::string& summary_json, const std::string& d
   }
   absl::StatusOr<nlohmann::json> summary = recorder->Finish(result, description_, mpirun_);
   if (!summary.ok()) RaiseError("JobError", std::string(summary.status().message()));
-  // The summary (written if asked) keeps the results of a run whose parameter dump failed.
-  if (absl::Status dumped = recorder->dump_status(); !dumped.ok()) {
-    RaiseError("JobError", std::string(dumped.message()));
-  }
+  // A failed parameter dump: the summary (written if asked) holds "params_error", and Job.finish
+  // raises JobError with the summary attached, so that the results are not lost with the file.
   return py::str(summary->dump());
 }
 
@@ -436,6 +435,7 @@ void JobCore::Close() {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
+    closer_ = std::this_thread::get_id();
     if (job_ == nullptr) return;
     // Calls in flight return once the job is aborted (every wait of the runtime observes it).
     if (job_->aborted().ok() && !finished_) {

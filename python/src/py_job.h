@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -112,6 +113,7 @@ class JobCore : public std::enable_shared_from_this<JobCore> {
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
   bool finished_ ABSL_GUARDED_BY(mu_) = false;   // Job::Finish returned
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread::id closer_ ABSL_GUARDED_BY(mu_);     // the thread that called Close
   absl::Status closed_abort_ ABSL_GUARDED_BY(mu_);  // the job's abort status when it closed
 };
 

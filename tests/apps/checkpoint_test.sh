@@ -251,7 +251,7 @@ refuse older_checkpoint \
   "${T2[@]}" --resume "$good/ckpt-20"
 # A resume whose --out holds another run's metrics (here one line of iteration 1): keeping its
 # lines up to the checkpoint would splice the two runs' metrics into one file.
-refuse another_runs_metrics "metrics file .* holds another run's metrics: its first line is not" \
+refuse another_runs_metrics "metrics file .* holds another run's metrics: its first line is none the checkpointed run wrote" \
   "${T2[@]}" --resume "$good/ckpt-20" --checkpoint-dir "$WORK/other_run_ck"
 # Resumed into another directory, the job checkpoints as often as the checkpoint's did (every 4).
 if train moved "${T2[@]}" --iterations 30 --cache oracle --resume "$good" \

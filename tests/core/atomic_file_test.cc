@@ -285,70 +285,84 @@ TEST(MetricsFileTest, ResumeKeepsCompleteLinesUpToTheIteration) {
             "{\"iteration\":25}\n");
 }
 
-// A resumed job's Start knows what the checkpointed run's file started with: the file of
-// another run (its first line differs, or it has lines before the checkpoint where the run had
-// written none) is refused and left as it was, not spliced with the resumed run's lines.
+// A resumed job's Start knows the first lines of the checkpointed run's metrics files: the file
+// of another run (none of those first lines, and lines before the checkpoint) is refused and
+// left as it was, not spliced with the resumed run's lines; the run's own files are continued,
+// even when a resume in between wrote elsewhere.
 TEST(MetricsFileTest, ResumeKeepsTheLinesOfTheCheckpointedRunOnly) {
   TempDir dir;
   const std::string path = dir / "metrics.jsonl";
-  std::string first_line;
-  int64_t first_crc = JsonLinesWriter::kNoMetricsLine;
+  const std::string first_line = "{\"iteration\":10,\"loss\":1}";
+  std::vector<int64_t> run;
   {
-    auto run = JsonLinesWriter::Open(path);
-    ASSERT_TRUE(run.ok());
-    EXPECT_EQ((*run)->first_line_crc32c(), JsonLinesWriter::kNoMetricsLine);
-    ASSERT_TRUE((*run)->Write({{"iteration", 10}, {"loss", 1}}).ok());
-    ASSERT_TRUE((*run)->Write({{"iteration", 20}, {"loss", 2}}).ok());
-    first_line = "{\"iteration\":10,\"loss\":1}";
-    first_crc = (*run)->first_line_crc32c();
-    EXPECT_EQ(first_crc, static_cast<int64_t>(Crc32c(first_line)));
+    auto writer = JsonLinesWriter::Open(path);
+    ASSERT_TRUE(writer.ok());
+    EXPECT_THAT((*writer)->first_lines(), IsEmpty());
+    ASSERT_TRUE((*writer)->Write({{"iteration", 10}, {"loss", 1}}).ok());
+    ASSERT_TRUE((*writer)->Write({{"iteration", 20}, {"loss", 2}}).ok());
+    run = (*writer)->first_lines();
+    EXPECT_EQ(run, std::vector<int64_t>{static_cast<int64_t>(Crc32c(first_line))});
   }
   EXPECT_EQ(ReadAll(path), first_line + "\n{\"iteration\":20,\"loss\":2}\n");
-  {  // The run's own file: its lines up to the checkpoint stay, and the CRC goes on.
+  {  // A resume that writes elsewhere (a new file) carries the run's first line on, and adds
+     // its own file's.
+    auto elsewhere = JsonLinesWriter::Open(dir / "elsewhere.jsonl");
+    ASSERT_TRUE(elsewhere.ok());
+    ASSERT_TRUE((*elsewhere)->Start(20, run).ok());
+    EXPECT_EQ((*elsewhere)->first_lines(), run);
+    ASSERT_TRUE((*elsewhere)->Write({{"iteration", 25}}).ok());
+    EXPECT_EQ((*elsewhere)->first_lines(),
+              (std::vector<int64_t>{run[0], static_cast<int64_t>(Crc32c("{\"iteration\":25}"))}));
+    run = (*elsewhere)->first_lines();
+  }
+  {  // ... so that a later resume into the run's first file continues it.
     auto resumed = JsonLinesWriter::Open(path);
     ASSERT_TRUE(resumed.ok());
-    ASSERT_TRUE((*resumed)->Start(10, first_crc).ok());
-    EXPECT_EQ((*resumed)->first_line_crc32c(), first_crc);
+    ASSERT_TRUE((*resumed)->Start(10, run).ok());
     ASSERT_TRUE((*resumed)->Write({{"iteration", 15}}).ok());
     EXPECT_EQ(ReadAll(path), first_line + "\n{\"iteration\":15}\n");
   }
-  // Another run's file (the same iterations, other values).
+  // Another run's file (the same iterations, other values): refused, unchanged, and Start may
+  // be called again (the refusal started nothing).
   const std::string other = "{\"iteration\":10,\"loss\":7}\n{\"iteration\":20,\"loss\":8}\n";
   WriteRaw(path, other);
   {
     auto resumed = JsonLinesWriter::Open(path);
     ASSERT_TRUE(resumed.ok());
-    const absl::Status status = (*resumed)->Start(10, first_crc);
+    const absl::Status status = (*resumed)->Start(15, run);
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(status.message(),
-                AllOf(HasSubstr("holds another run's metrics"), HasSubstr("up to iteration 10")));
+    EXPECT_THAT(status.message(), AllOf(HasSubstr("holds another run's metrics"),
+                                        HasSubstr("lines before the checkpoint's iteration 15 "
+                                                  "(the first of iteration 10)")));
     EXPECT_EQ(ReadAll(path), other);
+    EXPECT_TRUE((*resumed)->Start(-1).ok());  // a fresh start after the refusal
+    EXPECT_EQ(ReadAll(path), "");
   }
-  // A run that had written no line by its checkpoint of iteration 20: a line of iteration 10
-  // is another run's; its own final line of iteration 20 (written after the checkpoint of a
+  // A run that had written no line by its checkpoint of iteration 20: a line of iteration 10 is
+  // another run's; its own final line of iteration 20 (written after the checkpoint of a
   // stopped run) and later lines are not.
-  for (const int64_t checkpoint : {20, 15}) {
+  WriteRaw(path, other);
+  {
     auto resumed = JsonLinesWriter::Open(path);
     ASSERT_TRUE(resumed.ok());
-    const absl::Status status = (*resumed)->Start(checkpoint, JsonLinesWriter::kNoMetricsLine);
-    EXPECT_THAT(status.message(), HasSubstr("it has a line of iteration 10, but the "
-                                            "checkpointed run had written no line"));
+    EXPECT_THAT((*resumed)->Start(20, std::vector<int64_t>()).message(),
+                HasSubstr("(the first of iteration 10)"));
     EXPECT_EQ(ReadAll(path), other);
   }
   WriteRaw(path, "{\"iteration\":20,\"final\":true}\n{\"iteration\":30}\n");
   {
     auto resumed = JsonLinesWriter::Open(path);
     ASSERT_TRUE(resumed.ok());
-    ASSERT_TRUE((*resumed)->Start(20, JsonLinesWriter::kNoMetricsLine).ok());
+    ASSERT_TRUE((*resumed)->Start(20, std::vector<int64_t>()).ok());
     EXPECT_EQ(ReadAll(path), "{\"iteration\":20,\"final\":true}\n");
   }
-  // No file (a new --out), or a checkpoint that did not record the first line: as before.
+  // No file (a new --out), or a checkpoint that did not record the lines: as before.
   std::filesystem::remove(path);
   {
     auto resumed = JsonLinesWriter::Open(path);
     ASSERT_TRUE(resumed.ok());
-    ASSERT_TRUE((*resumed)->Start(10, first_crc).ok());
-    EXPECT_EQ((*resumed)->first_line_crc32c(), JsonLinesWriter::kNoMetricsLine);
+    ASSERT_TRUE((*resumed)->Start(10, run).ok());
+    EXPECT_EQ((*resumed)->first_lines(), run);
     EXPECT_EQ(ReadAll(path), "");
   }
   WriteRaw(path, other);

@@ -4,6 +4,7 @@ characters in paths, non-finite or stale gradients, parameters that are no dense
 run_trainers called twice, a Job dropped without close(), exceptions of every kind in the loop."""
 
 import gc
+import json
 import math
 import pathlib
 import signal
@@ -999,3 +1000,41 @@ def test_bad_items_of_eval_data_and_uint64_ids_beyond_int64_are_named():
                                                    r"\(list\): ValueError: ids of table 0: "
                                                    r"18446744073709551615 \(position 3\)"):
             job.trainers[0].begin_iteration()
+
+
+DUMP_ON_A_FULL_DISK = """
+import json, resource, signal, sys
+import torch
+import bagpipe
+out = sys.argv[1]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead
+config = bagpipe.Config(data="synthetic:samples=20000,tables=4,scale=0.001", batch_size=128,
+                        iterations=4, dim=64)
+with bagpipe.Job(config) as job:
+    (trainer,) = job.trainers
+    for _ in trainer:
+        trainer.end_iteration(torch.zeros_like(trainer.lookup_pooled()))
+    trainer.flush()
+    # A file size limit stands in for a full disk: params.bin (megabytes) fails, not the summary.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200000, resource.RLIM_INFINITY))
+    try:
+        job.finish(summary_json=out + "/summary.json", dump_params=out)
+    except bagpipe.JobError as error:
+        print(json.dumps({"message": str(error), "summary": error.summary}))
+"""
+
+
+# A parameter dump that cannot be written loses nothing else: Job.finish raises JobError with
+# the run's summary attached (and written, with "params_error"), and no params.bin is left.
+def test_a_failed_parameter_dump_keeps_the_summary(tmp_path):
+    result = subprocess.run([sys.executable, "-c", DUMP_ON_A_FULL_DISK, str(tmp_path)],
+                            env=child_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    reported = json.loads(result.stdout)
+    assert "params.bin" in reported["message"] and "File too large" in reported["message"]
+    summary = reported["summary"]
+    assert summary["iterations"] == 4 and len(summary["params_sha256"]) == 64
+    assert summary["params_error"] == reported["message"] and "params" not in summary
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["params_sha256"] == summary["params_sha256"]
+    assert not (tmp_path / "params.bin").exists()

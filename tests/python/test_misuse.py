@@ -116,6 +116,12 @@ def test_a_trainer_running_when_another_thread_closes_the_job_gets_job_error():
     thread.join(60)
     assert not thread.is_alive()
     assert len(errors) == 1 and type(errors[0]) is bagpipe.JobError, errors
+    # A call after this thread's own close() is a call out of order: UsageError.
+    job = bagpipe.Job(small_config())
+    (trainer,) = job.trainers
+    job.close()
+    with pytest.raises(bagpipe.UsageError, match="the job is closed"):
+        trainer.begin_iteration()
 
 
 def test_tensors_of_the_wrong_shape_dtype_device_or_layout_raise():

@@ -142,12 +142,13 @@ TEST(CheckpointHostileTest, LoopStateCountsAreCheckedBeforeAllocating) {
   EXPECT_EQ(back->parameters, state.parameters);
   EXPECT_EQ(back->optimizer_state, state.optimizer_state);
   EXPECT_EQ(back->global_samples, 99);
-  EXPECT_FALSE(back->metrics_first_line.has_value());
-  for (const int64_t first_line : {int64_t{-1}, int64_t{0}, int64_t{4294967295}}) {
-    state.metrics_first_line = first_line;
+  EXPECT_FALSE(back->metrics_first_lines.has_value());
+  for (const std::vector<int64_t>& lines :
+       {std::vector<int64_t>(), std::vector<int64_t>{0, 4294967295}}) {
+    state.metrics_first_lines = lines;
     const absl::StatusOr<DenseLoopState> with = DecodeDenseLoopState(EncodeDenseLoopState(state));
     ASSERT_TRUE(with.ok()) << with.status();
-    EXPECT_EQ(with->metrics_first_line, first_line);
+    EXPECT_EQ(with->metrics_first_lines, lines);
   }
 
   auto error = [](const std::string& bytes) {
@@ -175,13 +176,17 @@ TEST(CheckpointHostileTest, LoopStateCountsAreCheckedBeforeAllocating) {
               HasSubstr("missing field \"global_samples\""));
   EXPECT_THAT(error("no header line"), HasSubstr("has no header line"));
   EXPECT_THAT(error(R"({"parameters": 0, "optimizer_state": 0, "global_samples": 0, )"
-                    R"("metrics_first_line": 4294967296})"
+                    R"("metrics_first_lines": [4294967296]})"
                     "\n"),
-              HasSubstr("metrics_first_line 4294967296 is no CRC32C"));
+              HasSubstr("metrics_first_lines holds 4294967296, no CRC32C"));
   EXPECT_THAT(error(R"({"parameters": 0, "optimizer_state": 0, "global_samples": 0, )"
-                    R"("metrics_first_line": "7"})"
+                    R"("metrics_first_lines": 7})"
                     "\n"),
-              HasSubstr("\"metrics_first_line\" is a string"));
+              HasSubstr("metrics_first_lines is not a list"));
+  EXPECT_THAT(error(R"({"parameters": 0, "optimizer_state": 0, "global_samples": 0, )"
+                    R"("metrics_first_lines": ["7"]})"
+                    "\n"),
+              HasSubstr("is a string"));
   // A state saved after the training diverged: nothing trains on from it.
   for (const float bad :
        {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
