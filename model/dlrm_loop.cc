@@ -312,11 +312,15 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
   RETURN_IF_ERROR(trainer.Flush());
   progress.Finish(absl::StrFormat("%d iterations, final loss %.4f", iterations, last_loss));
 
-  // Held-out evaluation with the trained parameters.
+  // Held-out evaluation with the trained parameters (its own bar: at a million held-out
+  // samples it takes as long as a few thousand iterations).
   std::vector<float> probabilities;
+  Progress eval_progress("evaluating", 0, leader && options.progress, "batches");
+  int64_t eval_batches = 0;
   while (true) {
     ASSIGN_OR_RETURN(bool more, trainer.BeginEvalBatch(&batch));
     if (!more) break;
+    eval_progress.Update(++eval_batches);
     ASSIGN_OR_RETURN(const float* pooled, trainer.LookupPooled());
     probabilities.resize(batch.num_samples);
     RETURN_IF_ERROR(
@@ -327,6 +331,7 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
     outcome->eval_labels.insert(outcome->eval_labels.end(), batch.labels_host,
                                 batch.labels_host + batch.num_samples);
   }
+  if (eval_batches > 0) eval_progress.Finish();
   RETURN_IF_ERROR(model->ReadParameters(&outcome->dense_parameters));
   ASSIGN_OR_RETURN(forward_backward_seconds, forward_backward_events.Seconds(/*wait=*/true));
   ASSIGN_OR_RETURN(optimizer_seconds, optimizer_events.Seconds(/*wait=*/true));

@@ -457,6 +457,11 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream, const 
     return data;
   }
   if (config.eval_fraction > 0) {
+    // A pass over the whole data too (seconds at millions of lines): shown as the scan is, when
+    // it is the first (the bar follows the source's bytes or samples from its start).
+    if (wrap && !dictionary_text) {
+      source = wrap(std::move(source), "counting the samples for --eval-fraction");
+    }
     absl::StatusOr<int64_t> counted = CountSamples(*source, poll);
     if (!counted.ok()) return stopped(counted.status(), "counting the samples for --eval-fraction");
     const int64_t total = *counted;
