@@ -99,12 +99,13 @@ def test_calls_out_of_order_raise_usage_error_and_change_nothing():
 def test_a_trainer_running_when_another_thread_closes_the_job_gets_job_error():
     job = bagpipe.Job(small_config(iterations=1000000))
     (trainer,) = job.trainers
-    errors, started = [], threading.Event()
+    errors, started, closed = [], threading.Event(), threading.Event()
 
     def run():
         try:
             for _ in trainer:
                 started.set()
+                closed.wait(60)  # the close lands between two calls of the loop
                 zero_step(trainer)
         except Exception as error:  # noqa: BLE001 (the test looks at its type)
             errors.append(error)
@@ -113,6 +114,7 @@ def test_a_trainer_running_when_another_thread_closes_the_job_gets_job_error():
     thread.start()
     assert started.wait(60)
     job.close()
+    closed.set()
     thread.join(60)
     assert not thread.is_alive()
     assert len(errors) == 1 and type(errors[0]) is bagpipe.JobError, errors
