@@ -75,9 +75,11 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
         "metrics file started twice (one writer per job: the loop of one trainer, e.g. trainer "
         "0, starts and writes it)");
   }
-  run_files_ =
+  // Kept once Start succeeds (a failed Start changes nothing).
+  std::vector<int64_t> carried =
       keep_through_iteration >= 0 && run_files.has_value() ? *run_files : std::vector<int64_t>();
   if (path_ == "-") {  // nothing to read back
+    run_files_ = std::move(carried);
     started_ = true;
     fd_ = STDOUT_FILENO;
     return absl::OkStatus();
@@ -88,7 +90,6 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
     std::error_code error;
     const auto status = std::filesystem::status(path_, error);
     if (!error && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
-      run_files_.clear();
       return absl::FailedPreconditionError(absl::StrCat(
           "metrics file '", path_, "' is not a regular file (a directory, FIFO or device)"));
     }
@@ -120,7 +121,6 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
     }
     if (run_files.has_value() && old_first_line.has_value() && earlier_iteration.has_value() &&
         std::find(run_files->begin(), run_files->end(), *old_first_line) == run_files->end()) {
-      run_files_.clear();  // nothing changed: Start may be called again
       return absl::FailedPreconditionError(absl::StrCat(
           "metrics file '", Printable(path_), "' holds another run's metrics: its first line is ",
           "none the checkpointed run wrote, and it has lines before the checkpoint's iteration ",
@@ -145,10 +145,10 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
   }
   fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (fd_ < 0) {
-    run_files_.clear();
     return absl::FailedPreconditionError(
         absl::StrCat("cannot open metrics file '", path_, "': ", std::strerror(errno)));
   }
+  run_files_ = std::move(carried);
   started_ = true;
   size_ = static_cast<int64_t>(kept.size());
   const size_t first_end = kept.find('\n');
