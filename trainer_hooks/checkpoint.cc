@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "core/crc32c.h"
 #include "core/excerpt.h"
 #include "core/json_fields.h"
@@ -20,6 +21,7 @@
 #include "core/status.h"
 #include "core/timer.h"
 #include "core/tunables.h"
+#include "data/synthetic.h"
 #include "sync/protocol.h"
 
 namespace bagpipe {
@@ -240,9 +242,27 @@ absl::Status WriteManifest(const std::string& checkpoint, const CheckpointManife
       .status();
 }
 
-absl::Status MatchIdentity(const nlohmann::json& checkpoint, const nlohmann::json& job,
+nlohmann::json SyntheticStreamIdentity(std::string_view data) {
+  const nlohmann::json as_given = std::string(data);
+  absl::string_view spec(data.data(), data.size());
+  if (!absl::ConsumePrefix(&spec, "synthetic")) return as_given;
+  if (!spec.empty() && !absl::ConsumePrefix(&spec, ":")) return as_given;
+  const absl::StatusOr<SyntheticConfig> config = ParseSyntheticConfig(std::string(spec));
+  if (!config.ok()) return as_given;
+  return {{"samples", config->samples}, {"rows", config->table_rows},
+          {"alpha", config->alpha},     {"pooling", {config->pooling_min, config->pooling_max}},
+          {"dense", config->dense},     {"drift", config->drift},
+          {"seed", config->seed}};
+}
+
+absl::Status MatchIdentity(const nlohmann::json& checkpoint_given, const nlohmann::json& job,
                            std::string_view checkpoint_view) {
   const std::string checkpoint_path(checkpoint_view);
+  // Checkpoints written before the synthetic stream was recorded as parsed hold its spec.
+  nlohmann::json checkpoint = checkpoint_given;
+  if (checkpoint.is_object() && checkpoint.contains("--data") && checkpoint["--data"].is_string()) {
+    checkpoint["--data"] = SyntheticStreamIdentity(checkpoint["--data"].get<std::string>());
+  }
   std::vector<std::string> keys;
   for (const auto& [key, value] : checkpoint.items()) keys.push_back(key);
   for (const auto& [key, value] : job.items()) {

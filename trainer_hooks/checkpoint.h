@@ -149,6 +149,11 @@ absl::Status WriteManifest(const std::string& checkpoint, const CheckpointManife
 // error names every option that differs with both values.
 absl::Status MatchIdentity(const nlohmann::json& checkpoint, const nlohmann::json& job,
                            std::string_view checkpoint_path);
+// The identity of a `synthetic[:k=v,...]` stream: its parsed configuration (samples, rows,
+// alpha, pooling, dense, drift, seed), so that specs naming the same stream in another key order
+// or spelling (tables=N against rows=...) match, and a difference is named by its field. A spec
+// that does not parse is kept as the string it is.
+nlohmann::json SyntheticStreamIdentity(std::string_view data);
 // The job's part of the identity: table sizes, dim, sparse optimizer, trainers, servers, seed.
 nlohmann::json CheckpointIdentity(const JobLayout& layout, int dim, const nlohmann::json& optimizer,
                                   uint64_t seed, const std::vector<int64_t>& table_rows);

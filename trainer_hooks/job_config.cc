@@ -244,7 +244,9 @@ absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_si
   // may move).
   checkpoint.identity["--max-samples"] = source.max_samples;
   if (!source.schema.empty()) checkpoint.identity["--schema"] = source.schema;
-  if (absl::StartsWith(data, "synthetic")) checkpoint.identity["--data"] = data;
+  if (absl::StartsWith(data, "synthetic")) {
+    checkpoint.identity["--data"] = SyntheticStreamIdentity(data);
+  }
   // --resume alone goes on writing to the directory it resumes from; to any directory, every as
   // many iterations as the checkpoint's job did unless --checkpoint-every says otherwise.
   if (!resume.empty() && checkpoint.dir.empty()) {

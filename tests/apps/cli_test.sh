@@ -160,7 +160,7 @@ fi
 SMALL="synthetic:samples=512,tables=2,rows=100"
 expect_ok identity_first train --data "$SMALL" --batch-size 32 --dim 4 --iterations 2 \
   --checkpoint-dir "$WORK/identity_ck" --quiet
-expect_error resume_other_data "option --data is .*samples=512.* in the checkpoint" train \
+expect_error resume_other_data "option --data: samples is 512 in the checkpoint and 64 here" train \
   --data "synthetic:samples=64,tables=2,rows=100" --batch-size 32 --dim 4 --iterations 6 \
   --resume "$WORK/identity_ck" --quiet
 expect_error resume_other_max_samples "option --max-samples is -1 in the checkpoint and 64 here" \
@@ -168,6 +168,11 @@ expect_error resume_other_max_samples "option --max-samples is -1 in the checkpo
   --resume "$WORK/identity_ck" --quiet
 expect_ok resume_trailing_slash train --data "$SMALL" --batch-size 32 --dim 4 --iterations 4 \
   --resume "$WORK/identity_ck/ckpt-2/" --quiet
+# The same stream spelled another way (key order, the first tables' rows named) resumes.
+expect_ok identity_respelled_first train --data "synthetic:samples=512,tables=2,seed=5" \
+  --batch-size 32 --dim 4 --iterations 2 --checkpoint-dir "$WORK/respelled_ck" --quiet
+expect_ok identity_respelled_resume train --data "synthetic:seed=5,rows=1460/583,samples=512" \
+  --batch-size 32 --dim 4 --iterations 4 --resume "$WORK/respelled_ck" --quiet
 expect_error keep_without_dir "--keep-checkpoints 3 needs --checkpoint-dir" train --data "$SYN" \
   --keep-checkpoints 3 --quiet
 expect_error bad_eval_fraction "eval-fraction" train --data "$SYN" --eval-fraction 1.5 --quiet

@@ -95,6 +95,32 @@ TEST(CheckpointIdentityTest, NamesTheOptionAndBothValues) {
   EXPECT_LT(many.message().size(), 2000u);
 }
 
+TEST(CheckpointIdentityTest, ASyntheticStreamMatchesWhateverItsSpecsSpelling) {
+  // Key order, tables=N against the same rows=..., defaults named or left out: one stream.
+  const nlohmann::json a = SyntheticStreamIdentity("synthetic:samples=100,tables=2,seed=3");
+  EXPECT_TRUE(a.is_object()) << a.dump();
+  EXPECT_EQ(a, SyntheticStreamIdentity("synthetic:seed=3,rows=1460/583,samples=100,alpha=1.05"));
+  EXPECT_EQ(SyntheticStreamIdentity("synthetic"), SyntheticStreamIdentity("synthetic:"));
+  // A checkpoint written when the spec was recorded as given matches the parsed form.
+  nlohmann::json old_style = kIdentity;
+  old_style["--data"] = "synthetic:tables=2,seed=3,samples=100";
+  nlohmann::json job = kIdentity;
+  job["--data"] = a;
+  EXPECT_TRUE(MatchIdentity(old_style, job, "ck").ok());
+  EXPECT_TRUE(MatchIdentity(job, job, "ck").ok());
+  // Another stream: the field that differs, with both values.
+  job["--data"] = SyntheticStreamIdentity("synthetic:samples=100,tables=2,seed=4");
+  EXPECT_THAT(std::string(MatchIdentity(old_style, job, "ck").message()),
+              HasSubstr("option --data: seed is 3 in the checkpoint and 4 here"));
+  job["--data"] = SyntheticStreamIdentity("synthetic:samples=100,tables=3,seed=3");
+  EXPECT_THAT(std::string(MatchIdentity(old_style, job, "ck").message()),
+              HasSubstr("option --data: rows is [1460,583] in the checkpoint and "
+                        "[1460,583,10131227] here"));
+  // A spec that does not parse stays the string it is (the job refuses it when it opens it).
+  EXPECT_EQ(SyntheticStreamIdentity("synthetic:seed=x"), nlohmann::json("synthetic:seed=x"));
+  EXPECT_EQ(SyntheticStreamIdentity("synthetics"), nlohmann::json("synthetics"));
+}
+
 TEST(CheckpointDirTest, HoldsOnlyThisJobsCheckpoints) {
   TempDir dir;
   const std::string ck = dir / "ck";
