@@ -37,7 +37,7 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the binary format is little-endian");
 
 constexpr char kMagic[8] = {'B', 'A', 'G', 'P', 'I', 'P', 'E', '1'};
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 // Version 2 prefix: magic, uint32 version, uint32 reserved (0), uint64 header JSON length,
 // uint64 body length, uint64 body checksum, uint64 header checksum.
 constexpr int64_t kPrefixBytes = 48;
@@ -218,7 +218,9 @@ absl::Status Pad8(AtomicFileWriter& out, Xxh3* checksum) {
 // Reading.
 
 struct TableSection {
-  int64_t offsets = 0;  // body offset of int64[n + 1]
+  // Format version 3: every bag holds one id, and the file stores no offsets (bag s is id s).
+  bool one_hot = false;
+  int64_t offsets = 0;  // body offset of int64[n + 1] (unless one_hot)
   int64_t ids = 0;      // body offset of the ids
   int id_bytes = 8;     // 4 (uint32) or 8 (int64)
   int64_t num_ids = 0;  // offsets[n]
@@ -304,9 +306,9 @@ class BinarySource final : public SampleSource {
     uint64_t header_bytes = 0, body_bytes = 0, body_checksum = 0, header_checksum = 0;
     std::memcpy(&version, prefix + 8, 4);
     std::memcpy(&header_bytes, prefix + 16, 8);
-    if (version != kVersion && version != 1) {
+    if (version < 1 || version > kVersion) {
       return absl::InvalidArgumentError(absl::StrCat("bin: '", shown_, "' has format version ",
-                                                     version, "; this build reads versions 1 and ",
+                                                     version, "; this build reads versions 1 to ",
                                                      kVersion));
     }
     const int64_t prefix_bytes = version == 1 ? kPrefixBytesV1 : kPrefixBytes;
@@ -359,7 +361,7 @@ class BinarySource final : public SampleSource {
       BAGPIPE_LOG(WARNING) << "bin: '" << shown_
                            << "' has format version 1, whose header is not covered by a "
                               "checksum; it is read with full validation. Re-run bagpipe convert "
-                              "to write version 2.";
+                              "to write the current version.";
     }
     body_offset_ = Align8(prefix_bytes + static_cast<int64_t>(header_bytes));
     const int64_t have = std::max<int64_t>(size_ - body_offset_, 0);
@@ -374,6 +376,11 @@ class BinarySource final : public SampleSource {
     // Each table's id count, and so the extent of its ids section.
     for (int t = 0; t < schema_.num_tables(); ++t) {
       TableSection& table = tables_[t];
+      if (table.one_hot) {
+        // CheckLayout found its n ids inside the body.
+        table.num_ids = samples_;
+        continue;
+      }
       int64_t first = 0, last = 0;
       RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.offsets, &first, 8, shown_, "offsets"));
       RETURN_IF_ERROR(
@@ -443,8 +450,14 @@ class BinarySource final : public SampleSource {
     offsets_.resize(static_cast<size_t>(n) + 1);
     for (int t = 0; t < tables; ++t) {
       const TableSection& table = tables_[t];
-      RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.offsets + begin * 8, offsets_.data(),
-                             offsets_.size() * 8, shown_, "offsets"));
+      if (table.one_hot) {
+        // Bag s of the file is id s: records [begin, begin + n) hold ids [begin, begin + n).
+        for (int32_t s = 0; s <= n; ++s) offsets_[s] = begin + s;
+      } else {
+        RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.offsets + begin * 8, offsets_.data(),
+                               offsets_.size() * 8, shown_, "offsets"));
+        bytes += static_cast<int64_t>(offsets_.size()) * 8;
+      }
       // Non-decreasing from first >= 0 to last <= num_ids: every bag lies in the ids section.
       // Checked in the same pass that rebases the offsets (one pass per array: reading is on
       // the oracle's critical path).
@@ -484,7 +497,7 @@ class BinarySource final : public SampleSource {
                                static_cast<size_t>(num) * 4, shown_, "ids"));
         out_of_range = WidenIds(raw + num * 4, num, rows, out);
       }
-      bytes += static_cast<int64_t>(offsets_.size()) * 8 + num * table.id_bytes;
+      bytes += num * table.id_bytes;
       if (out_of_range) {
         for (int64_t k = 0; k < num; ++k) {
           if (static_cast<uint64_t>(out[k]) >= rows) {
@@ -541,7 +554,21 @@ class BinarySource final : public SampleSource {
     }
     for (const nlohmann::json& table : header["tables"]) {
       TableSection section;
-      ASSIGN_OR_RETURN(section.offsets, JsonInt64(table, "offsets"));
+      if (table.is_object() && table.contains("one_hot")) {
+        const std::string name = Excerpt(schema_.table_names[tables_.size()]);
+        if (version < 3) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "table '", name, "' is marked one_hot, which format version ", version, " has not"));
+        }
+        if (!table["one_hot"].is_boolean() || !table["one_hot"].get<bool>() ||
+            table.contains("offsets")) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "table '", name, "': \"one_hot\" must be true, and its table has no offsets"));
+        }
+        section.one_hot = true;
+      } else {
+        ASSIGN_OR_RETURN(section.offsets, JsonInt64(table, "offsets"));
+      }
       ASSIGN_OR_RETURN(section.ids, JsonInt64(table, "ids"));
       ASSIGN_OR_RETURN(const int64_t id_bytes, JsonInt64(table, "id_bytes"));
       if (id_bytes != 4 && id_bytes != 8) {
@@ -589,6 +616,10 @@ class BinarySource final : public SampleSource {
         check(dense_, dense_values ? CheckedMul(*dense_values, 4) : std::nullopt, "dense"));
     for (int t = 0; t < schema_.num_tables(); ++t) {
       const TableSection& table = tables_[t];
+      if (table.one_hot) {
+        RETURN_IF_ERROR(check(table.ids, CheckedMul(n, table.id_bytes), TableName(t) + " ids"));
+        continue;
+      }
       const std::optional<int64_t> entries = CheckedAdd(n, 1);
       RETURN_IF_ERROR(check(table.offsets, entries ? CheckedMul(*entries, 8) : std::nullopt,
                             TableName(t) + " offsets"));
@@ -673,6 +704,8 @@ absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string
   const int64_t zero = 0;
   for (int t = 0; t < tables; ++t) RETURN_IF_ERROR(spills[2 + 2 * t].Write(&zero, 8));
   std::vector<int64_t> table_ids(tables, 0);
+  // Tables every bag of which holds one id so far: written without offsets (format version 3).
+  std::vector<uint8_t> one_hot(tables, 1);
   std::vector<int64_t> scratch;
   Batch batch;
   int64_t samples = 0;
@@ -688,7 +721,12 @@ absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string
     for (int t = 0; t < tables; ++t) {
       scratch.resize(batch.num_samples);
       const int64_t base = table_ids[t] - batch.table_begin(t);
-      for (int32_t s = 0; s < batch.num_samples; ++s) scratch[s] = base + batch.bag_end(t, s);
+      bool single = true;
+      for (int32_t s = 0; s < batch.num_samples; ++s) {
+        scratch[s] = base + batch.bag_end(t, s);
+        single &= scratch[s] == table_ids[t] + s + 1;
+      }
+      one_hot[t] &= single ? 1 : 0;
       RETURN_IF_ERROR(spills[2 + 2 * t].Write(scratch.data(), scratch.size() * 8));
       const int64_t begin = batch.table_begin(t);
       const int64_t end = batch.bag_end(t, batch.num_samples - 1);
@@ -720,6 +758,11 @@ absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string
   header["dense"] = place(samples * 4 * dense);
   header["tables"] = nlohmann::json::array();
   for (int t = 0; t < tables; ++t) {
+    if (one_hot[t]) {
+      const int64_t ids_at = place(table_ids[t] * id_bytes[t]);
+      header["tables"].push_back({{"one_hot", true}, {"ids", ids_at}, {"id_bytes", id_bytes[t]}});
+      continue;
+    }
     const int64_t offsets_at = place((samples + 1) * 8);
     const int64_t ids_at = place(table_ids[t] * id_bytes[t]);
     header["tables"].push_back(
@@ -742,6 +785,7 @@ absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string
   const int64_t body_start = static_cast<int64_t>(out->digest().bytes);
   Xxh3 body_checksum;
   for (int i = 0; i < sections; ++i) {
+    if (i >= 2 && i % 2 == 0 && one_hot[(i - 2) / 2]) continue;  // a one-hot table's offsets
     const bool narrow = i >= 2 && i % 2 == 1 && id_bytes[(i - 3) / 2] == 4;
     RETURN_IF_ERROR(AppendSpill(spills[i], narrow, *out, &body_checksum));
     RETURN_IF_ERROR(Pad8(*out, &body_checksum));

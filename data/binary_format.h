@@ -1,14 +1,16 @@
 // Bagpipe's binary columnar dataset format: checksummed, exact, validated on read.
 //
-// Layout (little-endian), format version 2:
-//   prefix   48 bytes: magic "BAGPIPE1", uint32 format version (2), uint32 reserved (0),
+// Layout (little-endian), format version 3:
+//   prefix   48 bytes: magic "BAGPIPE1", uint32 format version (3), uint32 reserved (0),
 //            uint64 header JSON length, uint64 body length, uint64 body checksum (XXH3-64 of the
 //            body), uint64 header checksum (XXH3-64 of prefix bytes [0, 40) followed by the
 //            header JSON: it covers every byte of the file outside the body, and the body's
 //            checksum)
 //   header   JSON: schema with final table sizes, sample count, section offsets, the source
 //   body     8-byte aligned sections: labels float[n]; dense float[n * d]; per table:
-//            offsets int64[n + 1] and ids uint32 or int64 (by table size)
+//            offsets int64[n + 1] and ids uint32 or int64 (by table size); a table every bag of
+//            which holds one id is marked "one_hot" in the header and has no offsets (bag s is
+//            id s: Criteo's tables, 160 bytes a sample instead of 368)
 // Reading it back yields exactly the batches of the source it was written from.
 //
 // Reading trusts nothing in the file. Opening checks the header checksum, then that every size
@@ -18,8 +20,9 @@
 // or column of a bad one. The file is read with pread, not mapped: a file that shrinks or
 // changes while it is read gives an error naming the byte offset, never a SIGBUS.
 //
-// Format version 1 (written before the header was checksummed: a 24-byte prefix, the body
-// length and checksum in the header JSON) is still read, with the same validation.
+// Format versions 2 (every table with offsets) and 1 (written before the header was
+// checksummed: a 24-byte prefix, the body length and checksum in the header JSON) are still
+// read, with the same validation.
 #ifndef BAGPIPE_DATA_BINARY_FORMAT_H_
 #define BAGPIPE_DATA_BINARY_FORMAT_H_
 

@@ -26,7 +26,7 @@ struct BinaryParts {
 
 inline size_t BinaryAlign8(size_t n) { return (n + 7) & ~size_t{7}; }
 
-// Splits a version 2 file; nullopt if its prefix or header JSON is unreadable.
+// Splits a version 2 or 3 file; nullopt if its prefix or header JSON is unreadable.
 inline std::optional<BinaryParts> SplitBinary(const std::string& bytes) {
   if (bytes.size() < kBinaryPrefixBytes) return std::nullopt;
   uint64_t header_bytes = 0;
@@ -41,7 +41,7 @@ inline std::optional<BinaryParts> SplitBinary(const std::string& bytes) {
   return parts;
 }
 
-// Sets the body length and both checksums of a version 2 file whose prefix announces a header
+// Sets the body length and both checksums of a version 2 or 3 file whose prefix announces a header
 // length that fits the file; other input is returned unchanged.
 inline std::string RepairBinaryChecksums(std::string bytes) {
   if (bytes.size() < kBinaryPrefixBytes) return bytes;
@@ -64,8 +64,8 @@ inline std::string RepairBinaryChecksums(std::string bytes) {
   return bytes;
 }
 
-// A file of `parts` with valid checksums, in format version 2 or 1.
-inline std::string JoinBinary(const BinaryParts& parts, uint32_t version = 2) {
+// A file of `parts` with valid checksums, in format version 3 (the current one), 2 or 1.
+inline std::string JoinBinary(const BinaryParts& parts, uint32_t version = 3) {
   nlohmann::json header = parts.header;
   const size_t prefix_bytes = version == 1 ? 24 : kBinaryPrefixBytes;
   if (version == 1) {

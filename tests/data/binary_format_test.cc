@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "data/criteo_reader.h"
+#include "data/source.h"
 #include "data/synthetic.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -99,6 +101,44 @@ TEST(BinaryFormatTest, CriteoRoundTripIsExactAcrossEpochs) {
     ASSERT_TRUE(criteo->Rewind().ok());
     ASSERT_TRUE(binary->Rewind().ok());
   }
+}
+
+// Format version 3 stores no offsets for a table whose every bag holds one id (Criteo's 26
+// tables: 160 bytes a sample instead of 368); tables with other bags keep theirs.
+TEST(BinaryFormatTest, OneHotTablesAreStoredWithoutOffsets) {
+  SourceOptions csv;
+  csv.schema = "label=rating>3.5; dense=year; sparse=userId,movieId,split(genres,|)";
+  const std::string movielens =
+      std::string(BAGPIPE_SOURCE_DIR) + "/tests/fixtures/movielens_small.csv";
+  auto source = Must(OpenSource("csv:" + movielens, csv));
+  const std::string path = TempPath("mixed.bin");
+  ASSERT_TRUE(WriteBinary(*source, path).ok());
+  const std::optional<BinaryParts> parts = SplitBinary(ReadBytes(path));
+  ASSERT_TRUE(parts.has_value());
+  const nlohmann::json& tables = parts->header["tables"];
+  ASSERT_EQ(tables.size(), 3u);
+  EXPECT_EQ(tables[0].value("one_hot", false), true) << tables.dump();
+  EXPECT_EQ(tables[1].value("one_hot", false), true) << tables.dump();
+  EXPECT_FALSE(tables[2].contains("one_hot")) << tables.dump();  // genres: 1-10 ids a bag
+  EXPECT_TRUE(tables[2].contains("offsets")) << tables.dump();
+  source = Must(OpenSource("csv:" + movielens, csv));
+  auto binary = Must(OpenBinary(path, {}));
+  const std::vector<Batch> expected = ReadBatches(*source, 4099);
+  const std::vector<Batch> actual = ReadBatches(*binary, 4099);
+  ASSERT_EQ(actual.size(), expected.size());
+  ASSERT_GT(actual.size(), 1u);
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(actual[i] == expected[i]) << i;
+
+  // Criteo: every table one-hot; labels, 13 dense floats and 26 4-byte ids a sample.
+  auto criteo = Must(OpenCriteo(kCriteo, {}));
+  const std::string criteo_path = TempPath("criteo_one_hot.bin");
+  ASSERT_TRUE(WriteBinary(*criteo, criteo_path).ok());
+  const std::optional<BinaryParts> criteo_parts = SplitBinary(ReadBytes(criteo_path));
+  ASSERT_TRUE(criteo_parts.has_value());
+  for (const nlohmann::json& table : criteo_parts->header["tables"]) {
+    EXPECT_EQ(table.value("one_hot", false), true) << table.dump();
+  }
+  EXPECT_LE(criteo_parts->body.size(), 100u * (4 + 13 * 4 + 26 * 4) + 28 * 8);
 }
 
 TEST(BinaryFormatTest, MaxSamplesLimitsEachEpoch) {
@@ -202,17 +242,19 @@ TEST_F(CorruptionTest, HugeHeaderLengthIsRefusedWithoutAllocating) {
 // checked before it is used, and every value a read returns.
 class CraftedFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    // 10 samples, 2 dense columns, 2 tables of 10 and 5 rows, 1-2 ids per bag.
-    auto source = Must(OpenSynthetic("samples=10,rows=10/5,dense=2,pooling=1-2,seed=3", {}));
-    const std::string path = TempPath("crafted_base.bin");
+  // 10 samples, 2 dense columns, 2 tables of 10 and 5 rows, 1-2 ids per bag.
+  void SetUp() override { Convert("pooling=1-2", "crafted_base.bin"); }
+  // parts_: the file converted from the synthetic stream above with `pooling`.
+  void Convert(const std::string& pooling, const std::string& name) {
+    auto source = Must(OpenSynthetic("samples=10,rows=10/5,dense=2,seed=3," + pooling, {}));
+    const std::string path = TempPath(name);
     ASSERT_TRUE(WriteBinary(*source, path).ok());
     auto parts = SplitBinary(ReadBytes(path));
     ASSERT_TRUE(parts.has_value());
     parts_ = *parts;
   }
   // Opens the file of `parts` and reads it to its end in reads of 4 samples.
-  absl::Status OpenAndRead(const BinaryParts& parts, uint32_t version = 2) {
+  absl::Status OpenAndRead(const BinaryParts& parts, uint32_t version = 3) {
     const std::string path = TempPath("crafted.bin");
     WriteBytes(path, JoinBinary(parts, version));
     absl::StatusOr<std::unique_ptr<SampleSource>> source = OpenBinary(path, {});
@@ -299,6 +341,54 @@ TEST_F(CraftedFileTest, OffsetsOutsideTheIdsOrDecreasingAreRefused) {
     EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
     EXPECT_THAT(status.message(), HasSubstr("outside its ids section"));
   }
+}
+
+// The same checks on a file whose tables are one-hot (no offsets section).
+class CraftedOneHotFileTest : public CraftedFileTest {
+ protected:
+  void SetUp() override {
+    Convert("pooling=1", "crafted_one_hot_base.bin");
+    ASSERT_EQ(parts_.header["tables"][1].value("one_hot", false), true);
+  }
+};
+
+TEST_F(CraftedOneHotFileTest, ReadsAndNamesTheRecordOfABadId) {
+  EXPECT_TRUE(OpenAndRead(parts_).ok());
+  BinaryParts parts = parts_;
+  // Table 1 has 5 rows and 4-byte ids; id k is record k's.
+  Poke<uint32_t>(parts, TableSection(1, "ids") + 4 * 7, 77);
+  const absl::Status status = OpenAndRead(parts);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("record 7, table 'C2': id 77 is out of range [0, 5)"));
+}
+
+TEST_F(CraftedOneHotFileTest, AOneHotMarkIsCheckedLikeEveryHeaderField) {
+  // Only version 3 has it.
+  EXPECT_THAT(OpenAndRead(parts_, 2).message(),
+              HasSubstr("table 'C1' is marked one_hot, which format version 2 has not"));
+  EXPECT_THAT(OpenAndRead(parts_, 1).message(), HasSubstr("format version 1 has not"));
+  for (const nlohmann::json& bad :
+       {nlohmann::json(false), nlohmann::json("yes"), nlohmann::json(1), nlohmann::json(nullptr)}) {
+    BinaryParts parts = parts_;
+    parts.header["tables"][0]["one_hot"] = bad;
+    const absl::Status status = OpenAndRead(parts);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << bad.dump();
+    EXPECT_THAT(status.message(), HasSubstr("\"one_hot\" must be true")) << bad.dump();
+  }
+  BinaryParts parts = parts_;
+  parts.header["tables"][0]["offsets"] = 0;
+  EXPECT_THAT(OpenAndRead(parts).message(), HasSubstr("its table has no offsets"));
+  // More samples than the ids section holds: refused at open, before any allocation.
+  for (const int64_t samples : {int64_t{11}, int64_t{1} << 62}) {
+    parts = parts_;
+    parts.header["samples"] = samples;
+    const absl::Status status = OpenAndRead(parts);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << samples;
+    EXPECT_THAT(status.message(), HasSubstr("lies outside the")) << samples;
+  }
+  parts = parts_;
+  parts.header["tables"][1]["ids"] = int64_t{1} << 40;
+  EXPECT_THAT(OpenAndRead(parts).message(), HasSubstr("table 'C2' ids section"));
 }
 
 TEST_F(CraftedFileTest, SizesThatCannotBeInTheFileAreRefusedWithoutAllocating) {

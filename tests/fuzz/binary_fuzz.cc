@@ -1,7 +1,7 @@
 // Fuzz harness: the binary columnar reader. Input: one options byte, then the file; with bit 0
 // set the file's checksums are repaired first (tests/data/binary_crafting.h), so that the
 // fuzzer reaches the validation behind them, as a crafted file would; with bit 1 set (and a
-// readable version 2 layout) the file is rewritten in format version 1, with a valid checksum.
+// readable version 2 or 3 layout) the file is rewritten in format version 1, with a valid checksum.
 #include <cstdint>
 #include <optional>
 #include <string>
