@@ -29,9 +29,13 @@ void AddDataFlags(CLI::App* app, DataFlags* flags);
 absl::StatusOr<std::unique_ptr<SampleSource>> OpenFromFlags(const DataFlags& flags);
 // Wraps `source` (opened from `flags`) so that reading it draws a progress bar labelled
 // `label` on stderr — by megabytes of the input file, or by samples for generated data —
-// unless --quiet. The bar ends when a read returns the end of the data.
+// unless --quiet. The bar counts from where the source stands (a second pass over a file starts
+// at 0) and ends when a read returns the end of the data. `samples` > 0: the pass reads that
+// many samples (all, or up to a held-out tail): the bar counts them, with that total, and ends
+// there; later reads are silent. Files under a megabyte get no bar.
 std::unique_ptr<SampleSource> WithProgress(std::unique_ptr<SampleSource> source,
-                                           const DataFlags& flags, const std::string& label);
+                                           const DataFlags& flags, const std::string& label,
+                                           int64_t samples = -1);
 // Text for --help describing the data source syntax.
 extern const char kDataHelp[];
 

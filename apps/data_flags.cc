@@ -142,20 +142,26 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenFromFlags(const DataFlags& fla
 
 namespace {
 
-// Forwards to a source and reports how far the reading got.
+// Forwards to a source and reports how far the reading got: one pass, to the end of the data
+// or, with `end_samples` > 0, to that many samples of it.
 class ProgressSource final : public SampleSource {
  public:
   ProgressSource(std::unique_ptr<SampleSource> source, std::unique_ptr<Progress> progress,
-                 bool by_bytes)
-      : source_(std::move(source)), progress_(std::move(progress)), by_bytes_(by_bytes) {}
+                 bool by_bytes, int64_t end_samples)
+      : source_(std::move(source)),
+        progress_(std::move(progress)),
+        by_bytes_(by_bytes),
+        end_samples_(end_samples),
+        start_(source_->stats()) {}
 
   const Schema& schema() const override { return source_->schema(); }
   absl::StatusOr<int64_t> Read(int64_t max_samples, Batch* batch) override {
     absl::StatusOr<int64_t> read = source_->Read(max_samples, batch);
     if (read.ok() && !finished_) {  // one pass: later epochs read silently
       const SourceStats stats = source_->stats();
-      progress_->Update(by_bytes_ ? stats.bytes / 1000000 : stats.samples);
-      if (*read == 0) {
+      const int64_t samples = stats.samples - start_.samples;
+      progress_->Update(by_bytes_ ? (stats.bytes - start_.bytes) / 1000000 : samples);
+      if (*read == 0 || (end_samples_ > 0 && samples >= end_samples_)) {
         progress_->Finish();
         finished_ = true;
       }
@@ -164,19 +170,23 @@ class ProgressSource final : public SampleSource {
   }
   absl::Status Rewind() override { return source_->Rewind(); }
   SourceStats stats() const override { return source_->stats(); }
+  int64_t SamplesPerEpoch() const override { return source_->SamplesPerEpoch(); }
   std::string Describe() const override { return source_->Describe(); }
 
  private:
   std::unique_ptr<SampleSource> source_;
   std::unique_ptr<Progress> progress_;
   const bool by_bytes_;
+  const int64_t end_samples_;  // > 0: the pass ends there
+  const SourceStats start_;    // where the pass started (the counts are cumulative)
   bool finished_ = false;
 };
 
 }  // namespace
 
 std::unique_ptr<SampleSource> WithProgress(std::unique_ptr<SampleSource> source,
-                                           const DataFlags& flags, const std::string& label) {
+                                           const DataFlags& flags, const std::string& label,
+                                           int64_t samples) {
   if (flags.quiet) return source;
   const std::string& spec = flags.data;
   int64_t total = 0;
@@ -195,8 +205,13 @@ std::unique_ptr<SampleSource> WithProgress(std::unique_ptr<SampleSource> source,
     }
   }
   if (by_bytes && total < 1) return source;  // small files need no bar
+  if (samples > 0) {  // part of the data: counted in samples, which say where it ends
+    total = samples;
+    by_bytes = false;
+  }
   auto progress = std::make_unique<Progress>(label, total, true, by_bytes ? "MB" : "samples");
-  return std::make_unique<ProgressSource>(std::move(source), std::move(progress), by_bytes);
+  return std::make_unique<ProgressSource>(std::move(source), std::move(progress), by_bytes,
+                                          samples);
 }
 
 }  // namespace bagpipe

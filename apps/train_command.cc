@@ -177,6 +177,19 @@ absl::Status CheckModelFlagsBeforeData(const TrainFlags& flags, const JobConfig&
   return ValidateDenseModelConfig(model);
 }
 
+// Global batches of `samples` (one epoch; the last one may be short, as BatchStream reads).
+int64_t BatchesOf(int64_t samples, const JobConfig& config) {
+  return (samples + config.batch_size - 1) / config.batch_size;
+}
+
+// For the progress bar: the iterations the job trains (--iterations, or --epochs passes over
+// `epoch_samples` when known), 0 when unknown.
+int64_t PlannedIterations(const JobConfig& config, int64_t epoch_samples) {
+  if (config.iterations > 0) return config.iterations;
+  if (epoch_samples <= 0 || config.epochs <= 0) return 0;
+  return config.epochs * BatchesOf(epoch_samples, config);
+}
+
 absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport* mpi_transport) {
   const JobConfig& config = flags.config;
   // SIGINT/SIGTERM/SIGUSR1 stop the job at an iteration boundary (after MPI's own handlers).
@@ -186,13 +199,14 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
 
   // Data: rank 0 opens and streams it (dictionary-encoded text is scanned once so the table
   // sizes are exact) and tells the other ranks its schema.
-  ASSIGN_OR_RETURN(JobData data,
-                   OpenJobDataOnRankZero(
-                       config, mpi_transport,
-                       [&flags](std::unique_ptr<SampleSource> source, const std::string& label) {
-                         return WithProgress(std::move(source), flags.data, label);
-                       },
-                       [] { return StopSignal(); }));
+  ASSIGN_OR_RETURN(JobData data, OpenJobDataOnRankZero(
+                                     config, mpi_transport,
+                                     [&flags](std::unique_ptr<SampleSource> source,
+                                              const std::string& label, int64_t samples) {
+                                       return WithProgress(std::move(source), flags.data, label,
+                                                           samples);
+                                     },
+                                     [] { return StopSignal(); }));
   const Schema& schema = data.schema;
   ASSIGN_OR_RETURN(JobOptions options, config.Resolve(schema, mpi ? mpi->size() : 0));
   const JobLayout& layout = options.layout;
@@ -269,7 +283,8 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
         absl::StrCat("--model '", flags.model, "': expected dlrm or logreg"));
   }
   loop.metrics_interval = flags.metrics_interval;
-  loop.total_iterations = config.iterations;
+  loop.total_iterations = PlannedIterations(config, data.train_samples);
+  loop.total_eval_batches = data.eval_samples > 0 ? BatchesOf(data.eval_samples, config) : 0;
   loop.progress = !flags.data.quiet;
   std::unique_ptr<JsonLinesWriter> metrics;
   if (!flags.metrics_out.empty() && is_trainer0) {

@@ -525,6 +525,7 @@ class BinarySource final : public SampleSource {
   }
 
   SourceStats stats() const override { return stats_; }
+  int64_t SamplesPerEpoch() const override { return per_epoch_; }
 
   std::string Describe() const override {
     return absl::StrCat("bin:", shown_, " (", samples_, " samples",

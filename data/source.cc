@@ -195,6 +195,11 @@ class RangeSource final : public SampleSource {
     stats.samples = returned_;
     return stats;
   }
+  int64_t SamplesPerEpoch() const override {
+    const int64_t all = source_->SamplesPerEpoch();
+    if (all < 0) return -1;
+    return std::max<int64_t>(0, (end_ >= 0 ? std::min(end_, all) : all) - std::min(begin_, all));
+  }
   std::string Describe() const override {
     return absl::StrCat(source_->Describe(), " samples [", begin_, ", ",
                         end_ < 0 ? std::string("end") : absl::StrCat(end_), ")");

@@ -58,6 +58,12 @@ class SampleSource {
   // keep counting.
   virtual absl::Status Rewind() = 0;
 
+  // The samples one epoch yields when that is known without reading it (a binary file's
+  // header, a synthetic stream's configuration; both within SourceOptions::max_samples), else
+  // -1 (text, whose lines are known only once read). For progress bars: nothing reads it to
+  // decide what to return.
+  virtual int64_t SamplesPerEpoch() const { return -1; }
+
   virtual SourceStats stats() const = 0;
   // e.g. "criteo:/data/day_0 (mod 10000000 hashing)".
   virtual std::string Describe() const = 0;

@@ -188,6 +188,7 @@ class SyntheticSource final : public SampleSource {
     stats.samples = samples_returned_;
     return stats;
   }
+  int64_t SamplesPerEpoch() const override { return samples_per_epoch_; }
 
   std::string Describe() const override {
     return absl::StrCat("synthetic (", schema_.num_tables(), " tables, ", schema_.TotalRows(),

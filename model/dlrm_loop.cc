@@ -315,7 +315,8 @@ absl::Status RunLoop(Trainer& trainer, Head* model, const DlrmLoopOptions& optio
   // Held-out evaluation with the trained parameters (its own bar: at a million held-out
   // samples it takes as long as a few thousand iterations).
   std::vector<float> probabilities;
-  Progress eval_progress("evaluating", 0, leader && options.progress, "batches");
+  Progress eval_progress("evaluating", options.total_eval_batches, leader && options.progress,
+                         "batches");
   int64_t eval_batches = 0;
   while (true) {
     ASSIGN_OR_RETURN(bool more, trainer.BeginEvalBatch(&batch));

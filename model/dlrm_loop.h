@@ -31,8 +31,9 @@ struct DlrmLoopOptions {
   // kLogReg uses model.num_tables, dim, seed and optimizer only.
   DenseHeadKind head = DenseHeadKind::kDlrm;
   int metrics_interval = 50;
-  // For the progress bar: iterations planned (<= 0: unknown).
+  // For the progress bars: iterations planned and held-out batches to evaluate (<= 0: unknown).
   int64_t total_iterations = 0;
+  int64_t total_eval_batches = 0;
   // Trainer 0 only: where the interval metrics go (may be null) and whether to draw progress.
   JsonLinesWriter* metrics = nullptr;
   bool progress = false;

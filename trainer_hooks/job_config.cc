@@ -446,10 +446,14 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream, const 
   data.schema = source->schema();
   if (dictionary_text) {
     // Dictionary-encoded text: one pass to learn the exact table sizes.
-    if (stream && wrap) source = wrap(std::move(source), "scanning for table sizes");
+    if (stream && wrap) source = wrap(std::move(source), "scanning for table sizes", -1);
     absl::StatusOr<Schema> scanned = ScanSchema(*source, poll);
     if (!scanned.ok()) return stopped(scanned.status(), "scanning the data for the table sizes");
     data.schema = *std::move(scanned);
+    // The scan is the source's first pass: what it returned is one epoch.
+    data.train_samples = source->stats().samples;
+  } else {
+    data.train_samples = source->SamplesPerEpoch();
   }
   if (data.schema.num_tables() == 0) {
     return Invalid("--data ", config.data, ": the dataset has no embedding tables");
@@ -459,10 +463,11 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream, const 
     return data;
   }
   if (config.eval_fraction > 0) {
-    // A pass over the whole data too (seconds at millions of lines): shown as the scan is, when
-    // it is the first (the bar follows the source's bytes or samples from its start).
-    if (wrap && !dictionary_text) {
-      source = wrap(std::move(source), "counting the samples for --eval-fraction");
+    // A pass over the whole data too (seconds at millions of lines), shown as the scan is; by
+    // samples, with a total, where they are known (after a scan, from a binary file's header).
+    if (wrap) {
+      source =
+          wrap(std::move(source), "counting the samples for --eval-fraction", data.train_samples);
     }
     absl::StatusOr<int64_t> counted = CountSamples(*source, poll);
     if (!counted.ok()) return stopped(counted.status(), "counting the samples for --eval-fraction");
@@ -474,10 +479,17 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream, const 
           config.eval_fraction, total));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> tail, OpenSource(config.data, config.source));
+    // The held-out samples are reached by reading the training part once more, after training
+    // (seconds at millions of lines, before the first evaluation batch): shown as a pass.
+    if (wrap) {
+      tail = wrap(std::move(tail), "reading up to the held-out samples", total - eval_samples);
+    }
     data.eval =
         std::make_unique<BatchStream>(SampleRange(std::move(tail), total - eval_samples, -1),
                                       BatchStream::Options{config.batch_size, 1, false});
     source = SampleRange(std::move(source), 0, total - eval_samples);
+    data.train_samples = total - eval_samples;
+    data.eval_samples = eval_samples;
   }
   data.train = std::make_unique<BatchStream>(
       std::move(source),
@@ -498,7 +510,10 @@ absl::StatusOr<JobData> OpenJobDataOnRankZero(const JobConfig& config, Transport
     absl::StatusOr<JobData> data = OpenJobData(config, /*stream=*/true, wrap, poll);
     nlohmann::json message;
     if (data.ok()) {
-      message = {{"schema", data->schema.ToJson()}, {"description", data->description}};
+      message = {{"schema", data->schema.ToJson()},
+                 {"description", data->description},
+                 {"train_samples", data->train_samples},
+                 {"eval_samples", data->eval_samples}};
     } else {
       message = {{"code", static_cast<int>(data.status().code())},
                  {"error", std::string(data.status().message())}};
@@ -543,6 +558,9 @@ absl::StatusOr<JobData> OpenJobDataOnRankZero(const JobConfig& config, Transport
   JobData data;
   ASSIGN_OR_RETURN(data.schema, Schema::FromJson(message["schema"]));
   data.description = *description;
+  // Only for the progress bars: a message without them (or with nonsense) shows none.
+  data.train_samples = JsonInt64(message, "train_samples").value_or(-1);
+  data.eval_samples = JsonInt64(message, "eval_samples").value_or(-1);
   return data;
 }
 

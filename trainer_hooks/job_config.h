@@ -130,12 +130,18 @@ struct JobData {
   // Null unless `stream` was set (rank 0 reads the data; other ranks only need the schema).
   std::unique_ptr<BatchStream> train;
   std::unique_ptr<BatchStream> eval;  // null without eval_fraction
+  // For progress bars (on every rank): the samples of one training epoch and of the held-out
+  // tail where they are known without a pass of their own (the scan of dictionary-encoded
+  // text, the count for eval_fraction, a binary file's header), else -1.
+  int64_t train_samples = -1;
+  int64_t eval_samples = -1;
 };
 
-// Wraps a source for display while it is read (e.g. a progress bar); `label` says what the
-// read is for. May be null.
+// Wraps a source for display while it is read (e.g. a progress bar) from where it stands; `label`
+// says what the read is for, and `samples` how many samples it reads, where known (-1: one pass
+// to the end of the source). May be null.
 using SourceWrapper = std::function<std::unique_ptr<SampleSource>(
-    std::unique_ptr<SampleSource> source, const std::string& label)>;
+    std::unique_ptr<SampleSource> source, const std::string& label, int64_t samples)>;
 
 // Opens config.data: the schema, and with `stream` the training batches (the first
 // 1 - eval_fraction of the data, `epochs` passes or endless when `iterations` is set) and the

@@ -658,6 +658,44 @@ printf 'policy,capacity,miss_ratio\noracle,100,nan\n' >"$WORK/bad_mrc.csv"
 plot_error plot_mrc_nan "line 2: capacity must be a finite count and miss_ratio in \[0, 1\]" \
   plot_mrc.py "$WORK/bad_mrc.csv" --out "$WORK/mrc.png"
 
+# --- long work shows progress ----------------------------------------------------------------
+# Without --quiet, stderr (a file here, not a terminal) gets plain progress lines: the first and
+# the last of each bar at least. --epochs over a file has a total (the scan counted the samples:
+# 3750 training samples, 15 batches of 256 per epoch), and each pass over the data has its line:
+# the count for --eval-fraction and the reading up to the held-out samples after training.
+for _ in $(seq 50); do cat "$SRC/tests/fixtures/criteo_kaggle_sample_100.tsv"; done \
+  >"$WORK/progress.tsv"  # 1.2 MB: smaller files get no bar
+expect_ok progress_epochs train --data "criteo:$WORK/progress.tsv" --batch-size 256 --epochs 2 \
+  --dim 4 --eval-fraction 0.25 --cache oracle --cache-rows 1300
+expect_ok progress_quiet train --data "criteo:$WORK/progress.tsv" --batch-size 256 --epochs 2 \
+  --dim 4 --eval-fraction 0.25 --cache oracle --cache-rows 1300 --quiet
+# A synthetic stream's size is in its configuration: 1000 samples, 10 batches per epoch.
+expect_ok progress_synthetic train --data "synthetic:samples=1000,tables=2,rows=50" \
+  --batch-size 100 --epochs 3 --dim 4 --cache-rows 100
+check_progress() {
+  local name=$1 regex=$2
+  if grep -Eq -- "$regex" "$WORK/$name.out"; then
+    echo "ok   $name shows '$regex'"
+  else
+    echo "FAIL $name: no progress line matching '$regex' in:"
+    sed 's/^/    /' "$WORK/$name.out" | tail -20
+    failures=$((failures + 1))
+  fi
+}
+check_progress progress_epochs '^scanning for table sizes \[#+\] 1/1 MB 100%'
+check_progress progress_epochs '^counting the samples for --eval-fraction \[#+\] 5000/5000 samples'
+check_progress progress_epochs '^train \[#+\] 30/30 100% .* in [0-9]'
+check_progress progress_epochs '^train \[[#.]+\] [0-9]+/30 .* eta '
+check_progress progress_epochs '^reading up to the held-out samples \[#+\] 3750/3750 samples 100%'
+check_progress progress_epochs '^evaluating \[#+\] 5/5 batches 100%'
+check_progress progress_synthetic '^train \[#+\] 30/30 100%'
+if grep -Eq '\[[#.]+\]' "$WORK/progress_quiet.out"; then
+  echo "FAIL progress_quiet: --quiet drew a bar"
+  failures=$((failures + 1))
+else
+  echo "ok   progress_quiet draws no bar"
+fi
+
 if [[ $failures -gt 0 ]]; then
   echo "$failures check(s) failed"
   exit 1
