@@ -479,11 +479,9 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream, const 
           config.eval_fraction, total));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> tail, OpenSource(config.data, config.source));
-    // The held-out samples are reached by reading the training part once more, after training
-    // (seconds at millions of lines, before the first evaluation batch): shown as a pass.
-    if (wrap) {
-      tail = wrap(std::move(tail), "reading up to the held-out samples", total - eval_samples);
-    }
+    // The held-out samples are reached by reading the training part once more, on the oracle's
+    // thread once it has planned the last iteration: while trainer 0 still draws the train bar,
+    // so that read has no bar of its own (two bars would overwrite each other's line).
     data.eval =
         std::make_unique<BatchStream>(SampleRange(std::move(tail), total - eval_samples, -1),
                                       BatchStream::Options{config.batch_size, 1, false});

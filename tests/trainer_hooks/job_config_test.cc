@@ -234,6 +234,17 @@ TEST(JobConfigTest, OpenJobDataReadsTheSourceAndItsHeldOutTail) {
   while (*data->eval->Next(&batch)) eval_samples += batch.num_samples;
   EXPECT_EQ(train_samples, 750);
   EXPECT_EQ(eval_samples, 250);
+  // The counts the progress bars show, known without reading the stream.
+  EXPECT_EQ(data->train_samples, 750);
+  EXPECT_EQ(data->eval_samples, 250);
+  config.eval_fraction = 0;
+  config.source.max_samples = 600;
+  auto limited = OpenJobData(config, /*stream=*/true);
+  ASSERT_TRUE(limited.ok()) << limited.status();
+  EXPECT_EQ(limited->train_samples, 600);
+  EXPECT_EQ(limited->eval_samples, -1);
+  config.source.max_samples = -1;
+  config.eval_fraction = 0.25;
   auto schema_only = OpenJobData(config, /*stream=*/false);
   ASSERT_TRUE(schema_only.ok());
   EXPECT_EQ(schema_only->train, nullptr);
@@ -312,8 +323,10 @@ TEST(JobConfigTest, OnlyRankZeroOpensTheDataAndTellsTheOthersItsSchema) {
   ASSERT_NE(opened[0]->train, nullptr);
   EXPECT_EQ(opened[0]->schema, alone->schema);
   EXPECT_GT(alone->schema.table_rows[0], 600);  // the scan counted the users
+  EXPECT_EQ(alone->train_samples, 100004);      // counted by the scan
   for (int r = 1; r < 3; ++r) {
     ASSERT_TRUE(opened[r].ok()) << opened[r].status();
+    EXPECT_EQ(opened[r]->train_samples, 100004);  // told by rank 0, for the bars
     EXPECT_EQ(opened[r]->schema, alone->schema);
     EXPECT_EQ(opened[r]->description, alone->description);
     EXPECT_EQ(opened[r]->train, nullptr);
