@@ -43,7 +43,7 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
       ->capture_default_str();
   app->add_option("--cache-rows", config.cache_rows,
                   "rows each trainer's cache holds (0: a fifth of all rows, at least four "
-                  "local batches)")
+                  "local batches, at most all rows)")
       ->capture_default_str()
       ->each([flags](const std::string&) { flags->cache_rows_given = true; });
   app->add_option(

@@ -58,7 +58,9 @@ std::string SplitNeedsOneTrainer(int parts, int trainers) {
 
 int64_t DefaultCacheRows(const Schema& schema, int64_t batch_size, int trainers) {
   const int64_t local = (batch_size + trainers - 1) / trainers;
-  return std::max<int64_t>(schema.TotalRows() / 5, 4 * local * schema.num_tables());
+  const int64_t rows = std::max<int64_t>(schema.TotalRows() / 5, 4 * local * schema.num_tables());
+  // A cache of every row holds whatever a larger one would: more slots are memory for nothing.
+  return std::max<int64_t>(1, std::min(rows, schema.TotalRows()));
 }
 
 OptimizerConfig JobConfig::DenseOptimizer() const {

@@ -10,7 +10,8 @@
 #   --batch-size N       global batch size (default 1024; --paper: 16384)
 #   --iterations N       iterations per mode (default 100; --paper: 200 on cuda, 10 on cpu)
 #   --cache-rows N       rows per trainer's cache (default: 20000 with the default data, else
-#                        the binary's: a fifth of all rows, at least four local batches)
+#                        the binary's: a fifth of all rows, at least four local batches,
+#                        at most all rows)
 #   --lookahead L        oracle window in batches (default: the binary's, 20)
 #   --server-link LINK   emulated link to the servers, e.g. "10Gbit/s,100us" (default none)
 #   --trainers T         trainers (default 1)       --servers S   servers (default 1)

@@ -73,6 +73,13 @@ TEST(JobConfigTest, ResolveDerivesEveryComponentFromOnePlace) {
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->trainer.cache_rows, DefaultCacheRows(SmallSchema(), config.batch_size, 2));
   EXPECT_EQ(options->oracle.planner.capacity, options->trainer.cache_rows);
+  // Four local batches of ids would exceed the tables' rows: the default holds every row, no
+  // more.
+  Schema tiny;
+  tiny.table_names = {"a", "b"};
+  tiny.table_rows = {30, 20};
+  EXPECT_EQ(DefaultCacheRows(tiny, 1024, 2), 50);
+  EXPECT_EQ(DefaultCacheRows(tiny, 4, 1), 32);  // 4 x 4 x 2 ids, under the 50 rows
 }
 
 TEST(JobConfigTest, DenseOptimizerFollowsTheEmbeddingOneUnlessSetAndZeroMeansZero) {
