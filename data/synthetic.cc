@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "core/excerpt.h"
 #include "core/numbers.h"
 #include "core/random.h"
@@ -283,7 +284,9 @@ absl::StatusOr<SyntheticConfig> ParseSyntheticConfig(const std::string& spec) {
   double scale = 1.0;
   absl::flat_hash_set<std::string> seen;
   for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
-    const std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    // Spaces around keys and values are layout ("samples=100, tables=4"), not part of them.
+    std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    for (std::string& part : kv) absl::StripAsciiWhitespace(&part);
     if (kv.size() != 2 || kv[0].empty() || kv[1].empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("synthetic: '", Excerpt(item),

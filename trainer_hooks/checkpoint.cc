@@ -140,7 +140,8 @@ std::vector<std::pair<Iteration, std::string>> ListCheckpoints(const std::string
 }
 
 std::string CheckpointParent(const std::string& checkpoint) {
-  std::string path = checkpoint;
+  // DIR/ckpt-K/. and DIR/x/../ckpt-K name DIR/ckpt-K too.
+  std::string path = fs::path(checkpoint).lexically_normal().string();
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   const std::string parent = fs::path(path).parent_path().string();
   return parent.empty() ? "." : parent;

@@ -138,8 +138,8 @@ std::vector<std::pair<Iteration, std::string>> ListCheckpoints(const std::string
 // --resume PATH: PATH itself when it holds a MANIFEST, else the latest complete checkpoint in
 // it. NotFound names what is missing.
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path);
-// The directory holding checkpoint `checkpoint` (DIR of DIR/ckpt-K, also given as DIR/ckpt-K/);
-// "." for a bare ckpt-K.
+// The directory holding checkpoint `checkpoint` (DIR of DIR/ckpt-K, also given as DIR/ckpt-K/,
+// DIR/ckpt-K/. or DIR/x/../ckpt-K); "." for a bare ckpt-K.
 std::string CheckpointParent(const std::string& checkpoint);
 
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& checkpoint);

@@ -247,6 +247,18 @@ TEST(SyntheticTest, RangeErrorsNameTheKeyAndValue) {
   }
 }
 
+TEST(SyntheticTest, SpacesAroundKeysAndValuesAreLayout) {
+  auto spaced = ParseSyntheticConfig(" samples = 100, tables=2 ,seed= 3 ");
+  ASSERT_TRUE(spaced.ok()) << spaced.status();
+  EXPECT_EQ(spaced->samples, 100);
+  EXPECT_EQ(spaced->table_rows.size(), 2u);
+  EXPECT_EQ(spaced->seed, 3u);
+  EXPECT_THAT(std::string(ParseSyntheticConfig("samples=1, samples=2").status().message()),
+              HasSubstr("'samples' is given twice"));
+  EXPECT_THAT(std::string(ParseSyntheticConfig("samples= ,seed=1").status().message()),
+              HasSubstr("not key=value"));
+}
+
 TEST(SyntheticTest, TablesWithOneRowCountMakesThatManyTablesOfIt) {
   auto config = ParseSyntheticConfig("tables=4,rows=2000");
   ASSERT_TRUE(config.ok()) << config.status();

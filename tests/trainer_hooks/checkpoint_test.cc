@@ -121,6 +121,17 @@ TEST(CheckpointIdentityTest, ASyntheticStreamMatchesWhateverItsSpecsSpelling) {
   EXPECT_EQ(SyntheticStreamIdentity("synthetics"), nlohmann::json("synthetics"));
 }
 
+TEST(CheckpointDirTest, TheParentOfACheckpointWhateverItsSpelling) {
+  EXPECT_EQ(CheckpointParent("runs/ck/ckpt-10"), "runs/ck");
+  EXPECT_EQ(CheckpointParent("runs/ck/ckpt-10/"), "runs/ck");
+  EXPECT_EQ(CheckpointParent("runs/ck/ckpt-10//"), "runs/ck");
+  EXPECT_EQ(CheckpointParent("runs/ck/ckpt-10/."), "runs/ck");
+  EXPECT_EQ(CheckpointParent("runs/ck/other/../ckpt-10"), "runs/ck");
+  EXPECT_EQ(CheckpointParent("/ck/ckpt-10"), "/ck");
+  EXPECT_EQ(CheckpointParent("ckpt-10"), ".");
+  EXPECT_EQ(CheckpointParent("ckpt-10/."), ".");
+}
+
 TEST(CheckpointDirTest, HoldsOnlyThisJobsCheckpoints) {
   TempDir dir;
   const std::string ck = dir / "ck";
