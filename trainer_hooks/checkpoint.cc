@@ -256,7 +256,25 @@ nlohmann::json SyntheticStreamIdentity(std::string_view data) {
           {"seed", config->seed}};
 }
 
-absl::Status MatchIdentity(const nlohmann::json& checkpoint_given, const nlohmann::json& job,
+namespace {
+
+// An SGD optimizer has no eps and no accumulators: what a job or an older checkpoint recorded
+// for them (an ignored --eps, the defaults) is no difference.
+void DropSgdOnlyFields(nlohmann::json* identity) {
+  if (!identity->is_object()) return;
+  for (const char* key : {"embedding optimizer", "dense optimizer"}) {
+    if (!identity->contains(key)) continue;
+    nlohmann::json& optimizer = (*identity)[key];
+    if (!optimizer.is_object() || optimizer.value("kind", nlohmann::json()) != "sgd") continue;
+    for (const char* field : {"eps", "initial_accumulator", "initial accumulator"}) {
+      optimizer.erase(field);
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status MatchIdentity(const nlohmann::json& checkpoint_given, const nlohmann::json& job_given,
                            std::string_view checkpoint_view) {
   const std::string checkpoint_path(checkpoint_view);
   // Checkpoints written before the synthetic stream was recorded as parsed hold its spec.
@@ -264,6 +282,9 @@ absl::Status MatchIdentity(const nlohmann::json& checkpoint_given, const nlohman
   if (checkpoint.is_object() && checkpoint.contains("--data") && checkpoint["--data"].is_string()) {
     checkpoint["--data"] = SyntheticStreamIdentity(checkpoint["--data"].get<std::string>());
   }
+  nlohmann::json job = job_given;
+  DropSgdOnlyFields(&checkpoint);
+  DropSgdOnlyFields(&job);
   std::vector<std::string> keys;
   for (const auto& [key, value] : checkpoint.items()) keys.push_back(key);
   for (const auto& [key, value] : job.items()) {

@@ -249,13 +249,15 @@ OracleRoleOptions OracleOptionsOf(const JobOptions& options) {
   oracle.stop_requested = options.stop_requested;
   oracle.checkpoint = options.checkpoint;
   const OptimizerConfig& sparse = options.trainer.sparse_optimizer;
+  nlohmann::json optimizer = {{"kind", std::string(OptimizerName(sparse.kind))},
+                              {"lr", sparse.learning_rate}};
+  if (sparse.kind != OptimizerKind::kSgd) {  // SGD ignores them (and warns when they are given)
+    optimizer["eps"] = sparse.eps;
+    optimizer["initial_accumulator"] = sparse.initial_accumulator;
+  }
   oracle.checkpoint.identity.update(CheckpointIdentity(
-      options.layout, options.trainer.dim,
-      {{"kind", std::string(OptimizerName(sparse.kind))},
-       {"lr", sparse.learning_rate},
-       {"eps", sparse.eps},
-       {"initial_accumulator", sparse.initial_accumulator}},
-      options.trainer.initializer.seed(), options.oracle.planner.schema.table_rows));
+      options.layout, options.trainer.dim, optimizer, options.trainer.initializer.seed(),
+      options.oracle.planner.schema.table_rows));
   return oracle;
 }
 

@@ -173,6 +173,12 @@ expect_ok identity_respelled_first train --data "synthetic:samples=512,tables=2,
   --batch-size 32 --dim 4 --iterations 2 --checkpoint-dir "$WORK/respelled_ck" --quiet
 expect_ok identity_respelled_resume train --data "synthetic:seed=5,rows=1460/583,samples=512" \
   --batch-size 32 --dim 4 --iterations 4 --resume "$WORK/respelled_ck" --quiet
+# SGD ignores --eps and --initial-accumulator (with a warning): a resume naming them continues.
+expect_ok identity_sgd_first train --data "synthetic:samples=512,tables=2" --optimizer sgd \
+  --batch-size 32 --dim 4 --iterations 2 --checkpoint-dir "$WORK/sgd_ck" --quiet
+expect_ok identity_sgd_resume train --data "synthetic:samples=512,tables=2" --optimizer sgd \
+  --eps 1e-6 --initial-accumulator 0.5 --batch-size 32 --dim 4 --iterations 4 \
+  --resume "$WORK/sgd_ck" --quiet
 expect_error keep_without_dir "--keep-checkpoints 3 needs --checkpoint-dir" train --data "$SYN" \
   --keep-checkpoints 3 --quiet
 expect_error bad_eval_fraction "eval-fraction" train --data "$SYN" --eval-fraction 1.5 --quiet

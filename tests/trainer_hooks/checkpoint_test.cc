@@ -116,6 +116,24 @@ TEST(CheckpointIdentityTest, ASyntheticStreamMatchesWhateverItsSpecsSpelling) {
   EXPECT_THAT(std::string(MatchIdentity(old_style, job, "ck").message()),
               HasSubstr("option --data: rows is [1460,583] in the checkpoint and "
                         "[1460,583,10131227] here"));
+  // SGD's eps and accumulators are no difference (an older checkpoint recorded them).
+  nlohmann::json sgd_old = kIdentity;
+  sgd_old["embedding optimizer"] = {
+      {"kind", "sgd"}, {"lr", 0.1}, {"eps", 1e-8}, {"initial_accumulator", 0.0}};
+  sgd_old["dense optimizer"] = {{"kind", "sgd"}, {"lr", 0.1}, {"eps", 1e-8}};
+  nlohmann::json sgd_new = kIdentity;
+  sgd_new["embedding optimizer"] = {{"kind", "sgd"}, {"lr", 0.1}};
+  sgd_new["dense optimizer"] = {{"kind", "sgd"}, {"lr", 0.1}, {"eps", 1e-6}};
+  EXPECT_TRUE(MatchIdentity(sgd_old, sgd_new, "ck").ok());
+  sgd_new["embedding optimizer"]["lr"] = 0.2;
+  EXPECT_THAT(std::string(MatchIdentity(sgd_old, sgd_new, "ck").message()),
+              HasSubstr("option embedding optimizer: lr is 0.1 in the checkpoint and 0.2 here"));
+  nlohmann::json adagrad_old = kIdentity;
+  adagrad_old["embedding optimizer"] = {{"kind", "adagrad"}, {"lr", 0.1}, {"eps", 1e-8}};
+  nlohmann::json adagrad_new = adagrad_old;
+  adagrad_new["embedding optimizer"]["eps"] = 1e-6;
+  EXPECT_THAT(std::string(MatchIdentity(adagrad_old, adagrad_new, "ck").message()),
+              HasSubstr("embedding optimizer: eps is 1e-08 in the checkpoint and 1e-06 here"));
   // A spec that does not parse stays the string it is (the job refuses it when it opens it).
   EXPECT_EQ(SyntheticStreamIdentity("synthetic:seed=x"), nlohmann::json("synthetic:seed=x"));
   EXPECT_EQ(SyntheticStreamIdentity("synthetics"), nlohmann::json("synthetics"));
