@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -650,6 +651,57 @@ class CsvSource final : public SampleSource {
 };
 
 }  // namespace
+
+std::string CanonicalCsvSpec(absl::string_view spec) {
+  std::string label;
+  std::vector<std::string> dense;
+  std::vector<std::string> sparse;
+  auto items = [](absl::string_view value, std::vector<std::string>* out) {
+    for (const std::string& item : SplitTopLevel(value, ',')) {
+      absl::string_view args;
+      if (Call(item, "log", &args)) {
+        out->push_back(absl::StrCat("log(", args, ")"));
+      } else if (Call(item, "split", &args) && args.find(',') != absl::string_view::npos) {
+        // The separator is kept as written (a space there is a mistake the reader names).
+        const size_t comma = args.find(',');
+        out->push_back(absl::StrCat("split(", absl::StripAsciiWhitespace(args.substr(0, comma)),
+                                    ",", args.substr(comma + 1), ")"));
+      } else {
+        out->push_back(item);
+      }
+    }
+  };
+  for (const std::string& clause : SplitTopLevel(spec, ';')) {
+    if (clause.empty()) continue;
+    const size_t eq = clause.find('=');
+    if (eq == std::string::npos) return std::string(spec);
+    const absl::string_view key =
+        absl::StripAsciiWhitespace(absl::string_view(clause).substr(0, eq));
+    const absl::string_view value =
+        absl::StripAsciiWhitespace(absl::string_view(clause).substr(eq + 1));
+    if (key == "label") {
+      if (!label.empty()) return std::string(spec);
+      const size_t op_begin = value.find_first_of("<>=!");
+      label = std::string(absl::StripAsciiWhitespace(value.substr(0, op_begin)));
+      if (op_begin == absl::string_view::npos) continue;
+      size_t op_end = value.find_first_not_of("<>=!", op_begin);
+      if (op_end == absl::string_view::npos) op_end = value.size();
+      const absl::string_view threshold = absl::StripAsciiWhitespace(value.substr(op_end));
+      double number = 0;
+      absl::StrAppend(&label, value.substr(op_begin, op_end - op_begin),
+                      ParseDecimalDouble(threshold, &number) ? absl::StrFormat("%.17g", number)
+                                                             : std::string(threshold));
+    } else if (key == "dense") {
+      items(value, &dense);
+    } else if (key == "sparse") {
+      items(value, &sparse);
+    } else {
+      return std::string(spec);
+    }
+  }
+  return absl::StrCat("label=", label, "; dense=", absl::StrJoin(dense, ","),
+                      "; sparse=", absl::StrJoin(sparse, ","));
+}
 
 absl::StatusOr<std::unique_ptr<SampleSource>> OpenCsv(const std::string& path,
                                                       const SourceOptions& options) {

@@ -21,6 +21,7 @@
 #include "core/status.h"
 #include "core/timer.h"
 #include "core/tunables.h"
+#include "data/csv_reader.h"
 #include "data/synthetic.h"
 #include "sync/protocol.h"
 
@@ -281,6 +282,11 @@ absl::Status MatchIdentity(const nlohmann::json& checkpoint_given, const nlohman
   nlohmann::json checkpoint = checkpoint_given;
   if (checkpoint.is_object() && checkpoint.contains("--data") && checkpoint["--data"].is_string()) {
     checkpoint["--data"] = SyntheticStreamIdentity(checkpoint["--data"].get<std::string>());
+  }
+  // And a CSV --schema as written.
+  if (checkpoint.is_object() && checkpoint.contains("--schema") &&
+      checkpoint["--schema"].is_string()) {
+    checkpoint["--schema"] = CanonicalCsvSpec(checkpoint["--schema"].get<std::string>());
   }
   nlohmann::json job = job_given;
   DropSgdOnlyFields(&checkpoint);

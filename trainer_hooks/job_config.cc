@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "core/json_fields.h"
 #include "core/status.h"
+#include "data/csv_reader.h"
 #include "data/synthetic.h"
 #include "trainer_hooks/checkpoint.h"
 #include "trainer_hooks/job_limits.h"
@@ -245,7 +246,7 @@ absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_si
   // and only the batches up to the checkpoint are checked. A file's path is not recorded (data
   // may move).
   checkpoint.identity["--max-samples"] = source.max_samples;
-  if (!source.schema.empty()) checkpoint.identity["--schema"] = source.schema;
+  if (!source.schema.empty()) checkpoint.identity["--schema"] = CanonicalCsvSpec(source.schema);
   if (absl::StartsWith(data, "synthetic")) {
     checkpoint.identity["--data"] = SyntheticStreamIdentity(data);
   }

@@ -173,6 +173,16 @@ expect_ok identity_respelled_first train --data "synthetic:samples=512,tables=2,
   --batch-size 32 --dim 4 --iterations 2 --checkpoint-dir "$WORK/respelled_ck" --quiet
 expect_ok identity_respelled_resume train --data "synthetic:seed=5,rows=1460/583,samples=512" \
   --batch-size 32 --dim 4 --iterations 4 --resume "$WORK/respelled_ck" --quiet
+# A CSV --schema spelled another way (spaces, clause order) resumes.
+expect_ok identity_schema_first train --data "$MOVIELENS" --max-samples 2000 --batch-size 256 --dim 4 \
+  --schema "label=rating>3.5; dense=year; sparse=userId,movieId" --iterations 2 \
+  --checkpoint-dir "$WORK/schema_ck" --quiet
+expect_ok identity_schema_resume train --data "$MOVIELENS" --max-samples 2000 --batch-size 256 --dim 4 \
+  --schema "sparse = userId, movieId; label = rating > 3.50; dense = year" --iterations 4 \
+  --resume "$WORK/schema_ck" --quiet
+expect_error identity_schema_other "option --schema is .*rating>3.5.* in the checkpoint" train \
+  --data "$MOVIELENS" --max-samples 2000 --batch-size 256 --dim 4 --iterations 4 \
+  --schema "label=rating>4; dense=year; sparse=userId,movieId" --resume "$WORK/schema_ck" --quiet
 # SGD ignores --eps and --initial-accumulator (with a warning): a resume naming them continues.
 expect_ok identity_sgd_first train --data "synthetic:samples=512,tables=2" --optimizer sgd \
   --batch-size 32 --dim 4 --iterations 2 --checkpoint-dir "$WORK/sgd_ck" --quiet

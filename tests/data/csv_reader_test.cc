@@ -96,6 +96,33 @@ TEST(CsvReaderTest, MovieLensFixture) {
   EXPECT_EQ(stats.samples, 100004);
 }
 
+TEST(CsvReaderTest, OneSpellingForEveryWayOfWritingASpec) {
+  const std::string canonical =
+      "label=rating>3.5; dense=year,log(votes); sparse=userId,movieId,split(genres,|)";
+  EXPECT_EQ(CanonicalCsvSpec(canonical), canonical);
+  for (const std::string& spec : std::vector<std::string>{
+           "label=rating>3.5;dense=year,log(votes);sparse=userId,movieId,split(genres,|)",
+           " sparse = userId , movieId,split( genres ,|) ; dense=year, log( votes ); "
+           "label = rating > 3.50 ;",
+           "label=rating>3.5; dense=year; sparse=userId; dense=log(votes); "
+           "sparse=movieId,split(genres,|)"}) {
+    EXPECT_EQ(CanonicalCsvSpec(spec), canonical) << spec;
+  }
+  // Other columns, operators, thresholds or order within a list stay different.
+  for (const std::string& spec : std::vector<std::string>{
+           "label=rating>=3.5; dense=year,log(votes); sparse=userId,movieId,split(genres,|)",
+           "label=rating>4; dense=year,log(votes); sparse=userId,movieId,split(genres,|)",
+           "label=rating>3.5; dense=log(votes),year; sparse=userId,movieId,split(genres,|)",
+           "label=rating>3.5; dense=year,votes; sparse=userId,movieId,split(genres,|)",
+           "label=rating>3.5; dense=year,log(votes); sparse=userId,movieId,split(genres,;)"}) {
+    EXPECT_NE(CanonicalCsvSpec(spec), canonical) << spec;
+  }
+  // What it cannot split is kept as given.
+  EXPECT_EQ(CanonicalCsvSpec("label"), "label");
+  EXPECT_EQ(CanonicalCsvSpec("colour=x"), "colour=x");
+  EXPECT_EQ(CanonicalCsvSpec("label=a;label=b"), "label=a;label=b");
+}
+
 TEST(CsvReaderTest, OperatorsAndLogDense) {
   const std::string path = WriteFile("ops.csv", "a,b,c\n1,2,x\n3,-1,y\n2,,x\n");
   auto check = [&](const std::string& label, const std::vector<float>& expected) {

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "data/csv_reader.h"
 #include "data/source.h"
 #include "data/synthetic.h"
 #include "gmock/gmock.h"
@@ -116,6 +117,18 @@ TEST(CheckpointIdentityTest, ASyntheticStreamMatchesWhateverItsSpecsSpelling) {
   EXPECT_THAT(std::string(MatchIdentity(old_style, job, "ck").message()),
               HasSubstr("option --data: rows is [1460,583] in the checkpoint and "
                         "[1460,583,10131227] here"));
+  // A CSV --schema as written in a checkpoint matches its other spellings.
+  nlohmann::json csv_old = kIdentity;
+  csv_old["--schema"] = "label=rating>3.5; dense=year; sparse=userId,movieId";
+  nlohmann::json csv_new = kIdentity;
+  csv_new["--schema"] = CanonicalCsvSpec("sparse=userId,movieId;label=rating > 3.5;dense=year");
+  EXPECT_TRUE(MatchIdentity(csv_old, csv_new, "ck").ok());
+  csv_new["--schema"] = CanonicalCsvSpec("label=rating>4; dense=year; sparse=userId,movieId");
+  EXPECT_THAT(
+      std::string(MatchIdentity(csv_old, csv_new, "ck").message()),
+      HasSubstr("option --schema is \"label=rating>3.5; dense=year; sparse=userId,movieId\" "
+                "in the checkpoint and \"label=rating>4; dense=year; sparse=userId,movieId\" "
+                "here"));
   // SGD's eps and accumulators are no difference (an older checkpoint recorded them).
   nlohmann::json sgd_old = kIdentity;
   sgd_old["embedding optimizer"] = {
