@@ -158,8 +158,10 @@ void AddTrainFlags(CLI::App* app, TrainFlags* flags) {
                   "write checkpoints (DIR/ckpt-ITERATION) here: every --checkpoint-every "
                   "iterations, at the end, and on SIGINT/SIGTERM/SIGUSR1");
   app->add_option("--checkpoint-every", config.checkpoint_every,
-                  "iterations between checkpoints (0: only at the end and on a stop)")
-      ->capture_default_str();
+                  "iterations between checkpoints (0: only at the end and on a stop; a resume "
+                  "keeps the checkpoint's unless given)")
+      ->capture_default_str()
+      ->each([flags](const std::string&) { flags->config.checkpoint_every_given = true; });
   app->add_option("--keep-checkpoints", config.keep_checkpoints,
                   "complete checkpoints kept, the newest (0: all)")
       ->capture_default_str()

@@ -259,7 +259,7 @@ absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_si
     checkpoint.dir = is_checkpoint ? CheckpointParent(resume) : resume;
     if (checkpoint.dir.empty()) checkpoint.dir = ".";
   }
-  if (!resume.empty() && checkpoint.every == 0) {
+  if (!resume.empty() && !checkpoint_every_given && checkpoint.every == 0) {
     // Unreadable here: the job reports why when it resumes.
     absl::StatusOr<std::string> path = ResolveCheckpoint(resume);
     if (path.ok()) {

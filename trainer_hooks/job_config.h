@@ -88,7 +88,10 @@ struct JobConfig {
   // --- checkpoints (trainer_hooks/checkpoint.h) -------------------------------------------
   std::string checkpoint_dir;    // "": none
   int64_t checkpoint_every = 0;  // 0: only at the end and at a stop
-  int keep_checkpoints = 2;      // complete checkpoints kept, the newest (0: all)
+  // checkpoint_every was set (a flag, a Python Config attribute): a resumed job keeps it, 0
+  // included, instead of taking the checkpoint's.
+  bool checkpoint_every_given = false;
+  int keep_checkpoints = 2;  // complete checkpoints kept, the newest (0: all)
   // DIR (its latest complete checkpoint) or DIR/ckpt-K; implies checkpoint_dir DIR and the
   // checkpoint's checkpoint_every unless they are set.
   std::string resume;

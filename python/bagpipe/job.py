@@ -183,12 +183,14 @@ class Config(_core.Config):
         if name not in _OPTION_KINDS:
             raise TypeError(f"Config: unknown option {name!r}")
         super().__setattr__(name, _check_option(name, value))
+        if name == "checkpoint_every":  # set, 0 included: a resume keeps it (not the checkpoint's)
+            _core.Config.__dict__["_checkpoint_every_given"].__set__(self, True)
 
     @classmethod
     def _of(cls, core_config):
         """A Config holding the options of a _core.Config (a copy)."""
         config = cls()
-        for name in _OPTION_KINDS:
+        for name in (*_OPTION_KINDS, "_checkpoint_every_given"):
             _core.Config.__dict__[name].__set__(config, getattr(core_config, name))
         return config
 

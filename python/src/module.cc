@@ -154,6 +154,8 @@ void BindConfig(py::module_& m) {
       .def_readwrite("collect_parameters", &JobConfig::collect_parameters)
       .def_readwrite("checkpoint_dir", &JobConfig::checkpoint_dir)
       .def_readwrite("checkpoint_every", &JobConfig::checkpoint_every)
+      // Internal (not an option): set with checkpoint_every (bagpipe.Config.__setattr__).
+      .def_readwrite("_checkpoint_every_given", &JobConfig::checkpoint_every_given)
       .def_readwrite("keep_checkpoints", &JobConfig::keep_checkpoints)
       .def_readwrite("resume", &JobConfig::resume)
       .def(

@@ -183,6 +183,20 @@ expect_ok identity_schema_resume train --data "$MOVIELENS" --max-samples 2000 --
 expect_error identity_schema_other "option --schema is .*rating>3.5.* in the checkpoint" train \
   --data "$MOVIELENS" --max-samples 2000 --batch-size 256 --dim 4 --iterations 4 \
   --schema "label=rating>4; dense=year; sparse=userId,movieId" --resume "$WORK/schema_ck" --quiet
+# A resume keeps the checkpoint's --checkpoint-every unless given, 0 included.
+expect_ok every_first train --data "$SMALL" --batch-size 32 --dim 4 --iterations 4 \
+  --checkpoint-every 2 --keep-checkpoints 0 --checkpoint-dir "$WORK/every_ck" --quiet
+expect_ok every_inherited train --data "$SMALL" --batch-size 32 --dim 4 --iterations 8 \
+  --keep-checkpoints 0 --resume "$WORK/every_ck" --quiet
+expect_ok every_zero train --data "$SMALL" --batch-size 32 --dim 4 --iterations 12 \
+  --checkpoint-every 0 --keep-checkpoints 0 --resume "$WORK/every_ck" --quiet
+every_list=$(cd "$WORK/every_ck" && ls -d ckpt-* | sort -t- -k2 -n | tr '\n' ' ')
+if [[ "$every_list" == "ckpt-2 ckpt-4 ckpt-6 ckpt-8 ckpt-12 " ]]; then
+  echo "ok   every_zero_checkpoints ($every_list)"
+else
+  echo "FAIL every_zero_checkpoints: $every_list (expected ckpt-2 ckpt-4 ckpt-6 ckpt-8 ckpt-12)"
+  failures=$((failures + 1))
+fi
 # SGD ignores --eps and --initial-accumulator (with a warning): a resume naming them continues.
 expect_ok identity_sgd_first train --data "synthetic:samples=512,tables=2" --optimizer sgd \
   --batch-size 32 --dim 4 --iterations 2 --checkpoint-dir "$WORK/sgd_ck" --quiet

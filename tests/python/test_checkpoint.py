@@ -120,6 +120,24 @@ def test_stopped_and_resumed_equals_uninterrupted(tmp_path, cache, trainers):
     assert resumed["params_sha256"] == whole["params_sha256"]
 
 
+def test_a_resume_keeps_checkpoint_every_when_set_zero_included(tmp_path):
+    assert not bagpipe.Config()._checkpoint_every_given
+    assert bagpipe.Config(checkpoint_every=0)._checkpoint_every_given
+    assert bagpipe.Config(checkpoint_every=0).copy()._checkpoint_every_given
+    assert bagpipe.parse_train_args(["--checkpoint-every", "0"])[0]._checkpoint_every_given
+    assert not bagpipe.parse_train_args([])[0]._checkpoint_every_given
+    checkpoints = tmp_path / "ckpt"
+    run(make_config("oracle", 1, iterations=8, checkpoint_dir=str(checkpoints),
+                    checkpoint_every=2, keep_checkpoints=0), tmp_path, "first")
+    run(make_config("oracle", 1, iterations=12, resume=str(checkpoints), keep_checkpoints=0),
+        tmp_path, "inherited")
+    run(make_config("oracle", 1, iterations=16, resume=str(checkpoints), keep_checkpoints=0,
+                    checkpoint_every=0), tmp_path, "zero")
+    names = sorted((n for n in os.listdir(checkpoints) if n.startswith("ckpt-")),
+                   key=lambda n: int(n.split("-")[1]))
+    assert names == [f"ckpt-{k}" for k in (2, 4, 6, 8, 10, 12, 16)], names
+
+
 def test_a_resumed_loop_keeps_the_metrics_of_the_checkpointed_run_only(tmp_path):
     checkpoints = tmp_path / "ckpt"
     own, other = tmp_path / "own.jsonl", tmp_path / "other.jsonl"
