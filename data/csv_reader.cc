@@ -24,6 +24,7 @@
 #include "core/excerpt.h"
 #include "core/numbers.h"
 #include "core/status.h"
+#include "nlohmann/json.hpp"
 
 namespace bagpipe {
 namespace {
@@ -652,16 +653,21 @@ class CsvSource final : public SampleSource {
 
 }  // namespace
 
-std::string CanonicalCsvSpec(absl::string_view spec) {
+nlohmann::json CanonicalCsvSpec(absl::string_view spec) {
+  const nlohmann::json as_given = std::string(spec);
+  bool has_label = false;
   std::string label;
   std::vector<std::string> dense;
   std::vector<std::string> sparse;
-  auto items = [](absl::string_view value, std::vector<std::string>* out) {
+  // An item as the reader takes it: log(C) in a dense clause and split(C,S) in a sparse one are
+  // calls (spaces around C are layout); any other item is a column name.
+  auto items = [](absl::string_view value, absl::string_view call, std::vector<std::string>* out) {
     for (const std::string& item : SplitTopLevel(value, ',')) {
       absl::string_view args;
-      if (Call(item, "log", &args)) {
+      if (call == "log" && Call(item, "log", &args)) {
         out->push_back(absl::StrCat("log(", args, ")"));
-      } else if (Call(item, "split", &args) && args.find(',') != absl::string_view::npos) {
+      } else if (call == "split" && Call(item, "split", &args) &&
+                 args.find(',') != absl::string_view::npos) {
         // The separator is kept as written (a space there is a mistake the reader names).
         const size_t comma = args.find(',');
         out->push_back(absl::StrCat("split(", absl::StripAsciiWhitespace(args.substr(0, comma)),
@@ -674,13 +680,14 @@ std::string CanonicalCsvSpec(absl::string_view spec) {
   for (const std::string& clause : SplitTopLevel(spec, ';')) {
     if (clause.empty()) continue;
     const size_t eq = clause.find('=');
-    if (eq == std::string::npos) return std::string(spec);
+    if (eq == std::string::npos) return as_given;
     const absl::string_view key =
         absl::StripAsciiWhitespace(absl::string_view(clause).substr(0, eq));
     const absl::string_view value =
         absl::StripAsciiWhitespace(absl::string_view(clause).substr(eq + 1));
     if (key == "label") {
-      if (!label.empty()) return std::string(spec);
+      if (has_label) return as_given;
+      has_label = true;
       const size_t op_begin = value.find_first_of("<>=!");
       label = std::string(absl::StripAsciiWhitespace(value.substr(0, op_begin)));
       if (op_begin == absl::string_view::npos) continue;
@@ -692,15 +699,15 @@ std::string CanonicalCsvSpec(absl::string_view spec) {
                       ParseDecimalDouble(threshold, &number) ? absl::StrFormat("%.17g", number)
                                                              : std::string(threshold));
     } else if (key == "dense") {
-      items(value, &dense);
+      items(value, "log", &dense);
     } else if (key == "sparse") {
-      items(value, &sparse);
+      items(value, "split", &sparse);
     } else {
-      return std::string(spec);
+      return as_given;
     }
   }
-  return absl::StrCat("label=", label, "; dense=", absl::StrJoin(dense, ","),
-                      "; sparse=", absl::StrJoin(sparse, ","));
+  if (!has_label) return as_given;
+  return {{"label", label}, {"dense", dense}, {"sparse", sparse}};
 }
 
 absl::StatusOr<std::unique_ptr<SampleSource>> OpenCsv(const std::string& path,

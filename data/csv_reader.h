@@ -27,18 +27,20 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "data/source.h"
+#include "nlohmann/json.hpp"
 
 namespace bagpipe {
 
 absl::StatusOr<std::unique_ptr<SampleSource>> OpenCsv(const std::string& path,
                                                       const SourceOptions& options);
 
-// The spec in one spelling for every way of writing the same columns: clauses in the order
-// label, dense, sparse (several dense or sparse clauses joined in order), no spaces around
-// names and operators, the label's threshold as the number it is ("rating > 3.50" and
-// "rating>3.5" alike). Needs no header; a spec it cannot split is returned as given. For
-// comparing specs (a resumed job's against its checkpoint's), not for reading.
-std::string CanonicalCsvSpec(absl::string_view spec);
+// The spec in one form for every way of writing the same columns: {"label": "rating>3.5",
+// "dense": [...], "sparse": [...]} (several dense or sparse clauses joined in order; no spaces
+// around names, operators and call arguments; the label's threshold as the number it is, so
+// "rating > 3.50" and "rating>3.5" alike). Needs no header; a spec it cannot split (or without
+// a label) is returned as the string given. For comparing specs (a resumed job's against its
+// checkpoint's), not for reading.
+nlohmann::json CanonicalCsvSpec(absl::string_view spec);
 
 }  // namespace bagpipe
 

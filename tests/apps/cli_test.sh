@@ -180,7 +180,7 @@ expect_ok identity_schema_first train --data "$MOVIELENS" --max-samples 2000 --b
 expect_ok identity_schema_resume train --data "$MOVIELENS" --max-samples 2000 --batch-size 256 --dim 4 \
   --schema "sparse = userId, movieId; label = rating > 3.50; dense = year" --iterations 4 \
   --resume "$WORK/schema_ck" --quiet
-expect_error identity_schema_other "option --schema is .*rating>3.5.* in the checkpoint" train \
+expect_error identity_schema_other "option --schema: label is \"rating>3.5\" in the checkpoint" train \
   --data "$MOVIELENS" --max-samples 2000 --batch-size 256 --dim 4 --iterations 4 \
   --schema "label=rating>4; dense=year; sparse=userId,movieId" --resume "$WORK/schema_ck" --quiet
 # A resume keeps the checkpoint's --checkpoint-every unless given, 0 included.

@@ -97,9 +97,12 @@ TEST(CsvReaderTest, MovieLensFixture) {
 }
 
 TEST(CsvReaderTest, OneSpellingForEveryWayOfWritingASpec) {
-  const std::string canonical =
+  const std::string written =
       "label=rating>3.5; dense=year,log(votes); sparse=userId,movieId,split(genres,|)";
-  EXPECT_EQ(CanonicalCsvSpec(canonical), canonical);
+  const nlohmann::json canonical = {{"label", "rating>3.5"},
+                                    {"dense", {"year", "log(votes)"}},
+                                    {"sparse", {"userId", "movieId", "split(genres,|)"}}};
+  EXPECT_EQ(CanonicalCsvSpec(written), canonical);
   for (const std::string& spec : std::vector<std::string>{
            "label=rating>3.5;dense=year,log(votes);sparse=userId,movieId,split(genres,|)",
            " sparse = userId , movieId,split( genres ,|) ; dense=year, log( votes ); "
@@ -117,10 +120,20 @@ TEST(CsvReaderTest, OneSpellingForEveryWayOfWritingASpec) {
            "label=rating>3.5; dense=year,log(votes); sparse=userId,movieId,split(genres,;)"}) {
     EXPECT_NE(CanonicalCsvSpec(spec), canonical) << spec;
   }
-  // What it cannot split is kept as given.
+  // An empty dense clause names the column "" (a pandas index column): not the same as none.
+  EXPECT_NE(CanonicalCsvSpec("label=r; dense=; sparse=u"), CanonicalCsvSpec("label=r; sparse=u"));
+  // Calls are calls only where the reader takes them: a sparse column named "log( x )" is not
+  // "log(x)", nor a dense "split( a ,|)" "split(a,|)".
+  EXPECT_NE(CanonicalCsvSpec("label=r; sparse=log( x )"),
+            CanonicalCsvSpec("label=r; sparse=log(x)"));
+  EXPECT_NE(CanonicalCsvSpec("label=r; dense=split( a ,|)"),
+            CanonicalCsvSpec("label=r; dense=split(a,|)"));
+  EXPECT_EQ(CanonicalCsvSpec("label=r; dense=log( x )"), CanonicalCsvSpec("label=r; dense=log(x)"));
+  // What it cannot split, or a spec without a label, is kept as given.
   EXPECT_EQ(CanonicalCsvSpec("label"), "label");
   EXPECT_EQ(CanonicalCsvSpec("colour=x"), "colour=x");
   EXPECT_EQ(CanonicalCsvSpec("label=a;label=b"), "label=a;label=b");
+  EXPECT_EQ(CanonicalCsvSpec("dense=x"), "dense=x");
 }
 
 TEST(CsvReaderTest, OperatorsAndLogDense) {

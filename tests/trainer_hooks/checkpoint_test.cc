@@ -126,9 +126,8 @@ TEST(CheckpointIdentityTest, ASyntheticStreamMatchesWhateverItsSpecsSpelling) {
   csv_new["--schema"] = CanonicalCsvSpec("label=rating>4; dense=year; sparse=userId,movieId");
   EXPECT_THAT(
       std::string(MatchIdentity(csv_old, csv_new, "ck").message()),
-      HasSubstr("option --schema is \"label=rating>3.5; dense=year; sparse=userId,movieId\" "
-                "in the checkpoint and \"label=rating>4; dense=year; sparse=userId,movieId\" "
-                "here"));
+      HasSubstr(
+          "option --schema: label is \"rating>3.5\" in the checkpoint and \"rating>4\" here"));
   // SGD's eps and accumulators are no difference (an older checkpoint recorded them).
   nlohmann::json sgd_old = kIdentity;
   sgd_old["embedding optimizer"] = {
