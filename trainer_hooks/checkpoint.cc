@@ -141,9 +141,21 @@ std::vector<std::pair<Iteration, std::string>> ListCheckpoints(const std::string
 }
 
 std::string CheckpointParent(const std::string& checkpoint) {
-  // DIR/ckpt-K/. and DIR/x/../ckpt-K name DIR/ckpt-K too.
-  std::string path = fs::path(checkpoint).lexically_normal().string();
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  // Trailing separators and "." components name the checkpoint itself (DIR/ckpt-K/,
+  // DIR/ckpt-K/.). Other ".." are left to the file system (DIR/link/../ckpt-K follows the
+  // link); a path that ends in "." or ".." (`--resume .` inside the checkpoint) is resolved.
+  std::string path = checkpoint;
+  while (true) {
+    while (path.size() > 1 && path.back() == '/') path.pop_back();
+    if (path.size() <= 2 || !path.ends_with("/.")) break;
+    path.resize(path.size() - 2);
+  }
+  const std::string last = fs::path(path).filename().string();
+  if (last == "." || last == "..") {
+    std::error_code error;
+    const fs::path resolved = fs::weakly_canonical(path, error);
+    if (!error) path = resolved.string();
+  }
   const std::string parent = fs::path(path).parent_path().string();
   return parent.empty() ? "." : parent;
 }

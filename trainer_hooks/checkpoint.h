@@ -139,7 +139,7 @@ std::vector<std::pair<Iteration, std::string>> ListCheckpoints(const std::string
 // it. NotFound names what is missing.
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path);
 // The directory holding checkpoint `checkpoint` (DIR of DIR/ckpt-K, also given as DIR/ckpt-K/,
-// DIR/ckpt-K/. or DIR/x/../ckpt-K); "." for a bare ckpt-K.
+// DIR/ckpt-K/. or, resolved, a path ending in ".."); "." for a bare ckpt-K.
 std::string CheckpointParent(const std::string& checkpoint);
 
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& checkpoint);

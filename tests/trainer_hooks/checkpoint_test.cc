@@ -156,10 +156,16 @@ TEST(CheckpointDirTest, TheParentOfACheckpointWhateverItsSpelling) {
   EXPECT_EQ(CheckpointParent("runs/ck/ckpt-10/"), "runs/ck");
   EXPECT_EQ(CheckpointParent("runs/ck/ckpt-10//"), "runs/ck");
   EXPECT_EQ(CheckpointParent("runs/ck/ckpt-10/."), "runs/ck");
-  EXPECT_EQ(CheckpointParent("runs/ck/other/../ckpt-10"), "runs/ck");
+  // ".." inside is the file system's (through a link it is not the lexical parent).
+  EXPECT_EQ(CheckpointParent("runs/ck/link/../ckpt-10"), "runs/ck/link/..");
   EXPECT_EQ(CheckpointParent("/ck/ckpt-10"), "/ck");
   EXPECT_EQ(CheckpointParent("ckpt-10"), ".");
   EXPECT_EQ(CheckpointParent("ckpt-10/."), ".");
+  // A path that ends in "..": the checkpoint it resolves to.
+  TempDir dir;
+  const std::string inside = dir / "ck/ckpt-3/shards";
+  ASSERT_TRUE(fs::create_directories(inside));
+  EXPECT_EQ(CheckpointParent(inside + "/.."), fs::weakly_canonical(dir / "ck").string());
 }
 
 TEST(CheckpointDirTest, HoldsOnlyThisJobsCheckpoints) {
