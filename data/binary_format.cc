@@ -775,7 +775,10 @@ absl::StatusOr<ConvertStats> WriteBinary(SampleSource& source, const std::string
   // first and overwritten at the end.
   char prefix[kPrefixBytes] = {};
   std::memcpy(prefix, kMagic, 8);
-  std::memcpy(prefix + 8, &kVersion, 4);
+  // Version 3 only where a table is one-hot: other files stay readable by version 2 readers.
+  const bool any_one_hot = std::find(one_hot.begin(), one_hot.end(), 1) != one_hot.end();
+  const uint32_t version = any_one_hot ? kVersion : 2;
+  std::memcpy(prefix + 8, &version, 4);
   const uint64_t header_bytes = header_text.size();
   const uint64_t body_bytes = static_cast<uint64_t>(offset);
   std::memcpy(prefix + 16, &header_bytes, 8);

@@ -10,7 +10,8 @@
 //   body     8-byte aligned sections: labels float[n]; dense float[n * d]; per table:
 //            offsets int64[n + 1] and ids uint32 or int64 (by table size); a table every bag of
 //            which holds one id is marked "one_hot" in the header and has no offsets (bag s is
-//            id s: Criteo's tables, 160 bytes a sample instead of 368)
+//            id s: Criteo's tables, 160 bytes a sample instead of 368); a file without such a
+//            table is written as version 2, which older readers read
 // Reading it back yields exactly the batches of the source it was written from.
 //
 // Reading trusts nothing in the file. Opening checks the header checksum, then that every size

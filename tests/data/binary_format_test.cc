@@ -103,6 +103,13 @@ TEST(BinaryFormatTest, CriteoRoundTripIsExactAcrossEpochs) {
   }
 }
 
+uint32_t FormatVersion(const std::string& path) {
+  uint32_t version = 0;
+  const std::string bytes = ReadBytes(path);
+  if (bytes.size() >= 12) std::memcpy(&version, bytes.data() + 8, 4);
+  return version;
+}
+
 // Format version 3 stores no offsets for a table whose every bag holds one id (Criteo's 26
 // tables: 160 bytes a sample instead of 368); tables with other bags keep theirs.
 TEST(BinaryFormatTest, OneHotTablesAreStoredWithoutOffsets) {
@@ -121,6 +128,7 @@ TEST(BinaryFormatTest, OneHotTablesAreStoredWithoutOffsets) {
   EXPECT_EQ(tables[1].value("one_hot", false), true) << tables.dump();
   EXPECT_FALSE(tables[2].contains("one_hot")) << tables.dump();  // genres: 1-10 ids a bag
   EXPECT_TRUE(tables[2].contains("offsets")) << tables.dump();
+  EXPECT_EQ(FormatVersion(path), 3u);
   source = Must(OpenSource("csv:" + movielens, csv));
   auto binary = Must(OpenBinary(path, {}));
   const std::vector<Batch> expected = ReadBatches(*source, 4099);
@@ -139,6 +147,11 @@ TEST(BinaryFormatTest, OneHotTablesAreStoredWithoutOffsets) {
     EXPECT_EQ(table.value("one_hot", false), true) << table.dump();
   }
   EXPECT_LE(criteo_parts->body.size(), 100u * (4 + 13 * 4 + 26 * 4) + 28 * 8);
+  // Without a one-hot table the file is written in version 2 (older readers read it).
+  auto multi_hot = Must(OpenSynthetic("samples=50,rows=10/5,pooling=0-3,seed=2", {}));
+  const std::string multi_hot_path = TempPath("multi_hot.bin");
+  ASSERT_TRUE(WriteBinary(*multi_hot, multi_hot_path).ok());
+  EXPECT_EQ(FormatVersion(multi_hot_path), 2u);
 }
 
 TEST(BinaryFormatTest, MaxSamplesLimitsEachEpoch) {
