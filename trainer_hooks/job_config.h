@@ -55,7 +55,8 @@ struct JobConfig {
 
   // --- cache and oracle -------------------------------------------------------------------
   CachePolicy cache = CachePolicy::kOracle;
-  // Rows of each trainer's cache. 0: a fifth of all rows, at least four local batches' ids.
+  // Rows of each trainer's cache. 0: a fifth of all rows, at least four local batches' ids,
+  // at most all rows.
   // kDevice ignores it (the whole tables).
   int64_t cache_rows = 0;
   // The oracle's window in batches; the reactive policies (lru, lfu, off, device) plan one
@@ -123,7 +124,8 @@ absl::Status ValidateJobOptions(const JobOptions& options);
 // at which iteration, and how to resume (--resume DIR and the checkpoint), as a Cancelled error.
 absl::Status StoppedJobStatus(const OracleRoleStats& oracle, const CheckpointOptions& checkpoint);
 
-// Default cache rows: a fifth of all rows, at least four local batches' worth of ids.
+// Default cache rows: a fifth of all rows, at least four local batches' worth of ids,
+// at most all rows.
 int64_t DefaultCacheRows(const Schema& schema, int64_t batch_size, int trainers);
 
 // The data of a job opened from config.data.

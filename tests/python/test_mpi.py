@@ -63,6 +63,9 @@ def _mpirun_forwards_sigusr1():
         output = ""
     finally:
         if process.poll() is None:
+            # The rank first: killed mpirun may leave it holding the output pipe.
+            for pid in _children(process.pid):
+                os.kill(pid, signal.SIGKILL)
             process.kill()
             process.communicate()
     return "forwarded" in output
