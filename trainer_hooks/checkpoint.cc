@@ -487,6 +487,14 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
           fs::exists(options_.resume, error) ? ": not a directory" : ": no such directory"));
     }
   }
+  // A resume of another job is refused before anything is created (a new --checkpoint-dir, its
+  // lock): the identity is read once here, read only; what cannot be read is reported below.
+  if (!options_.resume.empty()) {
+    absl::StatusOr<std::string> path = ResolveCheckpoint(options_.resume);
+    absl::StatusOr<CheckpointManifest> manifest =
+        path.ok() ? ReadManifest(*path) : absl::StatusOr<CheckpointManifest>(path.status());
+    if (manifest.ok()) RETURN_IF_ERROR(MatchIdentity(manifest->identity, options_.identity, *path));
+  }
   // The directory is locked before anything in it is read or written: two jobs started on it
   // at once would otherwise both pass PrepareCheckpointDir and replace each other's checkpoints.
   if (writes()) {

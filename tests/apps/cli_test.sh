@@ -168,6 +168,14 @@ expect_error resume_other_max_samples "option --max-samples is -1 in the checkpo
   --resume "$WORK/identity_ck" --quiet
 expect_ok resume_trailing_slash train --data "$SMALL" --batch-size 32 --dim 4 --iterations 4 \
   --resume "$WORK/identity_ck/ckpt-2/" --quiet
+# A refused resume creates nothing: no new --checkpoint-dir (nor its lock).
+expect_error resume_refused_creates_nothing "does not match this job" train --data "$SMALL" \
+  --batch-size 32 --dim 8 --iterations 6 --resume "$WORK/identity_ck" \
+  --checkpoint-dir "$WORK/never_made/ck" --quiet
+if [[ -e "$WORK/never_made" ]]; then
+  echo "FAIL resume_refused_creates_nothing: it created $(find "$WORK/never_made" | tr '\n' ' ')"
+  failures=$((failures + 1))
+fi
 # The same stream spelled another way (key order, the first tables' rows named) resumes.
 expect_ok identity_respelled_first train --data "synthetic:samples=512,tables=2,seed=5" \
   --batch-size 32 --dim 4 --iterations 2 --checkpoint-dir "$WORK/respelled_ck" --quiet
