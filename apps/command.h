@@ -31,8 +31,8 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenFromFlags(const DataFlags& fla
 // `label` on stderr — by megabytes of the input file, or by samples for generated data —
 // unless --quiet. The bar counts from where the source stands (a second pass over a file starts
 // at 0) and ends when a read returns the end of the data. `samples` > 0: the pass reads that
-// many samples (all, or up to a held-out tail): the bar counts them, with that total, and ends
-// there; later reads are silent. Files under a megabyte get no bar.
+// many samples: the bar counts them, with that total, and ends there; later reads are silent. Files
+// under a megabyte get no bar.
 std::unique_ptr<SampleSource> WithProgress(std::unique_ptr<SampleSource> source,
                                            const DataFlags& flags, const std::string& label,
                                            int64_t samples = -1);

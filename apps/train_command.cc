@@ -362,6 +362,11 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
                 summary["eval"]["log_loss"].get<double>(), summary["eval"]["auc"].get<double>());
   }
   std::printf("  parameters sha256 %s\n", summary["params_sha256"].get<std::string>().c_str());
+  if (recorder->kept_summary()) {
+    std::printf("  %s left as it was (the summary of the run that trained to iteration %lld)\n",
+                flags.summary_json.c_str(),
+                static_cast<long long>(summary["first_iteration"].get<int64_t>()));
+  }
   // --skip-bad-lines: what was skipped (summary.json: oracle.data and oracle.eval_data). Both
   // streams read the file from its start (the evaluation range reads past the training part),
   // so the larger count is the file's.

@@ -188,7 +188,13 @@ absl::StatusOr<nlohmann::json> RunRecorder::Finish(const JobResult& result, cons
     summary["params"] = (error ? params : absolute.lexically_normal()).string();
   }
   if (!predictions.empty()) summary["eval"] = Evaluate(predictions, labels).ToJson();
-  if (!outputs_.summary_json.empty()) {
+  // A resumed job with no iteration left (its checkpoint is at the job's end) has no training
+  // figures: the summary the run that trained to there wrote, where this one would go, stays.
+  std::error_code error;
+  kept_summary_ = !outputs_.summary_json.empty() && outputs_.summary_json != "-" &&
+                  iterations == 0 && result.oracle.checkpoint.first_iteration > 0 &&
+                  std::filesystem::is_regular_file(outputs_.summary_json, error);
+  if (!outputs_.summary_json.empty() && !kept_summary_) {
     RETURN_IF_ERROR(WriteJsonFile(outputs_.summary_json, summary));
   }
   return summary;

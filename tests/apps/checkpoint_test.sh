@@ -243,6 +243,20 @@ if train at_iterations "${T2[@]}" --iterations $N --cache oracle --resume "$good
 else
   fail "at_iterations: $(tail -3 "$WORK/at_iterations.log")"
 fi
+# The same into the --out of the run that trained to N: its summary (the training figures) and
+# its metrics stay as they were.
+finished="$WORK/run_oracle_T2"
+before=$(snapshot "$finished")
+if train at_iterations_own_out "${T2[@]}" --iterations $N --cache oracle --resume "$good" \
+  --out "$finished" &&
+  grep -q "summary.json left as it was (the summary of the run that trained to iteration $N)" \
+    "$WORK/at_iterations_own_out.log" &&
+  [[ "$before" == "$(snapshot "$finished")" ]] &&
+  [[ "$(field "$finished/summary.json" iterations)" == $((N - K)) ]]; then
+  echo "ok   at_iterations_own_out (exit 0, the finished run's summary and metrics kept)"
+else
+  fail "at_iterations_own_out: $(tail -3 "$WORK/at_iterations_own_out.log")"
+fi
 
 # A resume from an older checkpoint into a directory holding newer ones (another run's) is
 # refused before the stream is read: the runs' checkpoints would mix.

@@ -120,6 +120,25 @@ def test_stopped_and_resumed_equals_uninterrupted(tmp_path, cache, trainers):
     assert resumed["params_sha256"] == whole["params_sha256"]
 
 
+def test_resuming_a_finished_job_keeps_its_summary(tmp_path):
+    checkpoints = tmp_path / "ckpt"
+    first, _ = run(make_config("oracle", 1, iterations=8, checkpoint_dir=str(checkpoints),
+                               checkpoint_every=4), tmp_path, "run")
+    assert first["iterations"] == 8 and first["hit_rate"] > 0
+    summary = tmp_path / "run" / "summary.json"
+    before = summary.read_bytes()
+    # Its last checkpoint is at the job's end: nothing is left to train, and the summary of the
+    # run that trained stays (this one has no training figures).
+    again, results = run(make_config("oracle", 1, iterations=8, resume=str(checkpoints)),
+                         tmp_path, "run")
+    assert results == [(0, 8)]
+    assert again["iterations"] == 0 and again["first_iteration"] == 8
+    assert summary.read_bytes() == before
+    # Elsewhere, the resumed job's own summary is written.
+    run(make_config("oracle", 1, iterations=8, resume=str(checkpoints)), tmp_path, "elsewhere")
+    assert (tmp_path / "elsewhere" / "summary.json").exists()
+
+
 def test_a_resume_keeps_checkpoint_every_when_set_zero_included(tmp_path):
     assert not bagpipe.Config()._checkpoint_every_given
     assert bagpipe.Config(checkpoint_every=0)._checkpoint_every_given
