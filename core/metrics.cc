@@ -15,6 +15,7 @@
 #include "core/crc32c.h"
 #include "core/excerpt.h"
 #include "core/json_fields.h"
+#include "core/logging.h"
 #include "core/status.h"
 
 namespace bagpipe {
@@ -85,6 +86,7 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
     return absl::OkStatus();
   }
   std::string kept;
+  std::optional<int64_t> gap_from;  // the last line kept, when before the checkpoint's iteration
   if (keep_through_iteration >= 0) {
     // Read back only from a regular file: a FIFO would block and a device never end.
     std::error_code error;
@@ -99,6 +101,7 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
     const std::string old = buffer.str();
     std::optional<int64_t> old_first_line;     // the old file's
     std::optional<int64_t> earlier_iteration;  // its first line before the checkpoint's
+    std::optional<int64_t> last_kept;          // the latest iteration of a line kept
     size_t begin = 0;
     while (begin < old.size()) {
       const size_t end = old.find('\n', begin);
@@ -115,6 +118,7 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
         if (iteration.ok() && *iteration < keep_through_iteration && !earlier_iteration) {
           earlier_iteration = *iteration;
         }
+        if (keep) last_kept = std::max(last_kept.value_or(*iteration), *iteration);
       }
       if (keep) kept.append(old, begin, end + 1 - begin);
       begin = end + 1;
@@ -128,6 +132,7 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
           "): keeping them would splice the two runs. Resume with that run's own --out (or "
           "--metrics-out), a new one, or remove the file"));
     }
+    if (last_kept.has_value() && *last_kept < keep_through_iteration) gap_from = *last_kept;
   }
   RETURN_IF_ERROR(Annotate(WriteFileAtomically(path_, kept), "metrics file"));
   if (keep_through_iteration < 0) {
@@ -154,6 +159,16 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
   const size_t first_end = kept.find('\n');
   if (first_end != std::string::npos) {
     file_first_line_ = static_cast<int64_t>(Crc32c(std::string_view(kept).substr(0, first_end)));
+  }
+  if (gap_from.has_value()) {
+    // Not an error: the run that reached the checkpoint wrote those lines to another file (a
+    // second resume into the first run's --out), or was killed before writing them.
+    BAGPIPE_LOG(WARNING) << "metrics file '" << Printable(path_) << "' ends at iteration "
+                         << *gap_from << ", before the checkpoint's " << keep_through_iteration
+                         << ": it has no line for iterations " << *gap_from + 1 << " to "
+                         << keep_through_iteration
+                         << " (the run that trained them wrote them elsewhere, or was stopped "
+                            "before writing them); this run's lines follow from there";
   }
   return absl::OkStatus();
 }

@@ -106,6 +106,10 @@ print(' '.join('%d:%d' % (m['iteration'], m['iterations'])
 if [[ "$its" != "5:5 10:5 15:5 20:5 24:4" ]]; then
   fail "resumed metrics: iterations '$its'"
 fi
+# Nothing is missing, and no warning says so.
+if grep -q "has no line for iterations" "$WORK"/resumed_*.log; then
+  fail "a resume into the stopped run's --out warned of missing metrics lines"
+fi
 
 # --- SIGTERM in the middle of an iteration (embedded, T = 2) --------------------------------
 # A long run stops at some iteration S; resumed to S + 20 it equals a plain run of S + 20.

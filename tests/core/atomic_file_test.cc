@@ -285,6 +285,29 @@ TEST(MetricsFileTest, ResumeKeepsCompleteLinesUpToTheIteration) {
             "{\"iteration\":25}\n");
 }
 
+// A file that ends before the checkpoint's iteration (the lines in between went to another
+// file, or were never written) is continued with a warning naming the missing iterations; one
+// that reaches the checkpoint gets none.
+TEST(MetricsFileTest, ResumeWarnsOfIterationsMissingBeforeTheCheckpoint) {
+  TempDir dir;
+  const std::string path = dir / "metrics.jsonl";
+  WriteRaw(path, "{\"iteration\":5,\"loss\":1}\n{\"iteration\":10,\"loss\":2}\n");
+  auto writer = JsonLinesWriter::Open(path);
+  ASSERT_TRUE(writer.ok());
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE((*writer)->Start(16).ok());
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(warned, HasSubstr("ends at iteration 10, before the checkpoint's 16: it has no line "
+                                "for iterations 11 to 16"));
+  EXPECT_EQ(ReadAll(path), "{\"iteration\":5,\"loss\":1}\n{\"iteration\":10,\"loss\":2}\n");
+
+  auto reaching = JsonLinesWriter::Open(path);
+  ASSERT_TRUE(reaching.ok());
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE((*reaching)->Start(10).ok());
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
 // A resumed job's Start knows the first lines of the checkpointed run's metrics files: the file
 // of another run (none of those first lines, and lines before the checkpoint) is refused and
 // left as it was, not spliced with the resumed run's lines; the run's own files are continued,
