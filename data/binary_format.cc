@@ -526,6 +526,7 @@ class BinarySource final : public SampleSource {
 
   SourceStats stats() const override { return stats_; }
   int64_t SamplesPerEpoch() const override { return per_epoch_; }
+  int64_t SamplesPerEpochWithoutLimit() const override { return samples_; }
 
   std::string Describe() const override {
     return absl::StrCat("bin:", shown_, " (", samples_, " samples",

@@ -63,6 +63,10 @@ class SampleSource {
   // -1 (text, whose lines are known only once read). For progress bars: nothing reads it to
   // decide what to return.
   virtual int64_t SamplesPerEpoch() const { return -1; }
+  // As SamplesPerEpoch, before SourceOptions::max_samples: the samples of one epoch of the whole
+  // data where known without reading it, else -1. A job's checkpoints take a --max-samples at or
+  // above it for none (both select every sample).
+  virtual int64_t SamplesPerEpochWithoutLimit() const { return -1; }
 
   virtual SourceStats stats() const = 0;
   // e.g. "criteo:/data/day_0 (mod 10000000 hashing)".

@@ -190,6 +190,7 @@ class SyntheticSource final : public SampleSource {
     return stats;
   }
   int64_t SamplesPerEpoch() const override { return samples_per_epoch_; }
+  int64_t SamplesPerEpochWithoutLimit() const override { return config_.samples; }
 
   std::string Describe() const override {
     return absl::StrCat("synthetic (", schema_.num_tables(), " tables, ", schema_.TotalRows(),

@@ -131,6 +131,31 @@ def layers(text):
     return [int(size) for size in text.split("-")]
 
 
+def default_bottom(num_dense, dim):
+    """--bottom's default: DENSE-64-DIM, as bagpipe train's."""
+    return [num_dense, 64, dim]
+
+
+def checkpoint_identity(flags, config, schema):
+    """The loop's options a resumed job must match, as this data resolves them: --bottom as the
+    layers it stands for (left out, its default for the data's dense features), so that a job
+    that names the default and one that leaves it out match."""
+    bottom, top = flags["bottom"], flags["top"]
+    if flags["model"] == "dlrm":  # logreg has no MLPs: recorded as given
+        bottom = "-".join(str(size) for size in (
+            layers(bottom) if bottom else default_bottom(schema.num_dense, config.dim)))
+    return {"model": flags["model"], "bottom": bottom, "top": top,
+            "dense optimizer": dict(config.dense_optimizer_config())}
+
+
+def checkpoint_defaults(flags, config, schema):
+    """Checkpoints written before --bottom was recorded resolved hold "" where it was left out:
+    compared as the default for this data."""
+    if flags["model"] != "dlrm":
+        return {}
+    return {"bottom": "-".join(str(size) for size in default_bottom(schema.num_dense, config.dim))}
+
+
 def build_model(flags, trainer_or_embeddings, num_tables, num_dense, dim, seed):
     embeddings = trainer_or_embeddings
     if isinstance(trainer_or_embeddings, bagpipe.Trainer):
@@ -143,7 +168,7 @@ def build_model(flags, trainer_or_embeddings, num_tables, num_dense, dim, seed):
         raise bagpipe.ConfigError("--model dlrm: the data has no dense features, and the DLRM's "
                                   "bottom MLP needs at least one (name dense columns in "
                                   "--schema, or use --model logreg)")
-    bottom = layers(flags["bottom"]) if flags["bottom"] else [num_dense, 64, dim]
+    bottom = layers(flags["bottom"]) if flags["bottom"] else default_bottom(num_dense, dim)
     top = layers(flags["top"])
     if bottom[0] != num_dense or bottom[-1] != dim:
         raise bagpipe.ConfigError(f"--bottom {flags['bottom']}: the first size must be the "
@@ -294,9 +319,10 @@ def main(argv=None):
         description="Train a torch.nn DLRM through the Bagpipe runtime (bagpipe train's flags)")
     if config.deterministic:
         torch.set_num_threads(1)  # fixed reduction orders, as bagpipe train's single-thread BLAS
-    identity = {"model": flags["model"], "bottom": flags["bottom"], "top": flags["top"],
-                "dense optimizer": dict(config.dense_optimizer_config())}
-    with bagpipe.Job(config, checkpoint_identity=identity) as job:
+    with bagpipe.Job(config,
+                     checkpoint_identity=lambda schema: checkpoint_identity(flags, config, schema),
+                     checkpoint_defaults=lambda schema: checkpoint_defaults(flags, config,
+                                                                            schema)) as job:
         # --out DIR is this job's until it ends (rank 0 holds it, as bagpipe train's rank 0).
         lock = bagpipe.RunDirectoryLock(flags["out"]) if flags["out"] and job.rank == 0 else None
         metrics = None

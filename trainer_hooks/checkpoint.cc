@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -285,10 +286,41 @@ void DropSgdOnlyFields(nlohmann::json* identity) {
   }
 }
 
+// A checkpoint's "" where `defaults` names the value this job's default resolves to: that value
+// (an older checkpoint recorded the option as given, "" where it was left to its default).
+void ResolveDefaults(const nlohmann::json& defaults, nlohmann::json* checkpoint) {
+  if (!defaults.is_object() || !checkpoint->is_object()) return;
+  for (const auto& [key, value] : defaults.items()) {
+    if (!checkpoint->contains(key)) continue;
+    nlohmann::json& recorded = (*checkpoint)[key];
+    if (value.is_object()) {
+      ResolveDefaults(value, &recorded);
+    } else if (recorded == "") {
+      recorded = value;
+    }
+  }
+}
+
+// The samples an identity's --max-samples selects per epoch where that is every sample of the
+// stream: -1 for none and for one at or above the stream's size (its synthetic --data's, else
+// `source_samples`); else the value recorded (a JSON integer), or nullopt for anything else.
+std::optional<int64_t> SelectedSamples(const nlohmann::json& identity, int64_t source_samples) {
+  if (!identity.is_object() || !identity.contains("--max-samples")) return std::nullopt;
+  const nlohmann::json& recorded = identity["--max-samples"];
+  if (!recorded.is_number_integer()) return std::nullopt;
+  const int64_t max_samples = recorded.get<int64_t>();
+  int64_t size = source_samples;
+  if (identity.contains("--data") && identity["--data"].is_object() &&
+      identity["--data"].contains("samples") && identity["--data"]["samples"].is_number_integer()) {
+    size = identity["--data"]["samples"].get<int64_t>();
+  }
+  return max_samples < 0 || (size >= 0 && max_samples >= size) ? -1 : max_samples;
+}
+
 }  // namespace
 
 absl::Status MatchIdentity(const nlohmann::json& checkpoint_given, const nlohmann::json& job_given,
-                           std::string_view checkpoint_view) {
+                           std::string_view checkpoint_view, const IdentityContext& context) {
   const std::string checkpoint_path(checkpoint_view);
   // Checkpoints written before the synthetic stream was recorded as parsed hold its spec.
   nlohmann::json checkpoint = checkpoint_given;
@@ -303,6 +335,13 @@ absl::Status MatchIdentity(const nlohmann::json& checkpoint_given, const nlohman
   nlohmann::json job = job_given;
   DropSgdOnlyFields(&checkpoint);
   DropSgdOnlyFields(&job);
+  ResolveDefaults(context.defaults, &checkpoint);
+  // A --max-samples that selects the whole stream is no difference from none (a difference is
+  // named with the values as recorded).
+  if (const std::optional<int64_t> theirs = SelectedSamples(checkpoint, context.source_samples);
+      theirs.has_value() && theirs == SelectedSamples(job, context.source_samples)) {
+    checkpoint["--max-samples"] = job["--max-samples"];
+  }
   std::vector<std::string> keys;
   for (const auto& [key, value] : checkpoint.items()) keys.push_back(key);
   for (const auto& [key, value] : job.items()) {
@@ -361,7 +400,7 @@ nlohmann::json CheckpointIdentity(const JobLayout& layout, int dim, const nlohma
 }
 
 absl::Status PrepareCheckpointDir(const std::string& dir, const nlohmann::json& identity,
-                                  Iteration resumed_from) {
+                                  Iteration resumed_from, const IdentityContext& context) {
   const bool resuming = resumed_from >= 0;
   std::error_code error;
   fs::create_directories(dir, error);
@@ -384,7 +423,7 @@ absl::Status PrepareCheckpointDir(const std::string& dir, const nlohmann::json& 
           absl::StrCat("--checkpoint-dir ", dir, " holds a checkpoint this job cannot read (",
                        manifest.status().message(), "); use another directory"));
     }
-    absl::Status same = MatchIdentity(manifest->identity, identity, entry.path().string());
+    absl::Status same = MatchIdentity(manifest->identity, identity, entry.path().string(), context);
     if (!same.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "--checkpoint-dir ", dir, " holds another job's checkpoints: ", same.message(),
@@ -493,7 +532,10 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
     absl::StatusOr<std::string> path = ResolveCheckpoint(options_.resume);
     absl::StatusOr<CheckpointManifest> manifest =
         path.ok() ? ReadManifest(*path) : absl::StatusOr<CheckpointManifest>(path.status());
-    if (manifest.ok()) RETURN_IF_ERROR(MatchIdentity(manifest->identity, options_.identity, *path));
+    if (manifest.ok()) {
+      RETURN_IF_ERROR(
+          MatchIdentity(manifest->identity, options_.identity, *path, options_.identity_context));
+    }
   }
   // The directory is locked before anything in it is read or written: two jobs started on it
   // at once would otherwise both pass PrepareCheckpointDir and replace each other's checkpoints.
@@ -511,7 +553,8 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
   if (!options_.resume.empty()) {
     ASSIGN_OR_RETURN(const std::string path, ResolveCheckpoint(options_.resume));
     ASSIGN_OR_RETURN(const CheckpointManifest manifest, ReadManifest(path));
-    RETURN_IF_ERROR(MatchIdentity(manifest.identity, options_.identity, path));
+    RETURN_IF_ERROR(
+        MatchIdentity(manifest.identity, options_.identity, path, options_.identity_context));
     // The job names a checkpoint by its iteration: another name is a renamed or copied one.
     if (const Iteration named = ParseCheckpointName(fs::path(path).filename().string());
         named >= 0 && named != manifest.iteration) {
@@ -532,7 +575,8 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
     }
     // The directory it writes to, before anything is read (the stream's replay takes a while).
     if (writes()) {
-      RETURN_IF_ERROR(PrepareCheckpointDir(options_.dir, options_.identity, manifest.iteration));
+      RETURN_IF_ERROR(PrepareCheckpointDir(options_.dir, options_.identity, manifest.iteration,
+                                           options_.identity_context));
     }
     const CheckpointFile* loop = manifest.Find(kLoopStateName);
     if (loop == nullptr) {
@@ -635,7 +679,8 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
     BAGPIPE_LOG(INFO) << "resumed from " << path << " at iteration " << start.iteration;
   }
   if (writes() && options_.resume.empty()) {
-    RETURN_IF_ERROR(PrepareCheckpointDir(options_.dir, options_.identity, -1));
+    RETURN_IF_ERROR(
+        PrepareCheckpointDir(options_.dir, options_.identity, -1, options_.identity_context));
   }
   return start;
 }

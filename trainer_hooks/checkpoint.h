@@ -73,6 +73,21 @@ namespace bagpipe {
 
 inline constexpr uint32_t kCheckpointFormatVersion = 1;
 
+// What a job knows beyond its identity that decides whether a checkpoint's identity, written
+// otherwise, names the same job (MatchIdentity). Rank 0's: nothing here is compared across ranks.
+struct IdentityContext {
+  // Samples in one epoch of the job's whole training source, before --max-samples, where known
+  // without reading more than the job does (a binary file's header, a synthetic spec, a text
+  // file the table-size scan read to its end), else -1. A --max-samples at or above it selects
+  // every sample, as none does, and matches none. (A synthetic `--data` in the identity gives
+  // its own size.)
+  int64_t source_samples = -1;
+  // Options that checkpoints recorded as given, "" for the default, where this job records the
+  // value the default resolves to: that value, at the same place in the identity (e.g.
+  // {"model": {"bottom": "13-64-16"}}). A checkpoint's "" there is compared as it.
+  nlohmann::json defaults = nlohmann::json::object();
+};
+
 struct CheckpointOptions {
   // Where checkpoints go ("": none). Created if missing.
   std::string dir;
@@ -87,6 +102,8 @@ struct CheckpointOptions {
   // Options that must match on resume, name -> value (names as the command-line flags). The
   // job adds its own (CheckpointIdentity); the caller adds what only it knows.
   nlohmann::json identity = nlohmann::json::object();
+  // How identities written otherwise are compared with this job's.
+  IdentityContext identity_context;
 };
 
 // Where a job stands in its training stream.
@@ -146,9 +163,10 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& checkpoint);
 absl::Status WriteManifest(const std::string& checkpoint, const CheckpointManifest& manifest);
 
 // The options a resumed job must share with the checkpoint: checks every key of either; the
-// error names every option that differs with both values.
+// error names every option that differs with both values. `context` says which values written
+// otherwise are the same (a whole stream's --max-samples, a default recorded as "").
 absl::Status MatchIdentity(const nlohmann::json& checkpoint, const nlohmann::json& job,
-                           std::string_view checkpoint_path);
+                           std::string_view checkpoint_path, const IdentityContext& context = {});
 // The identity of a `synthetic[:k=v,...]` stream: its parsed configuration (samples, rows,
 // alpha, pooling, dense, drift, seed), so that specs naming the same stream in another key order
 // or spelling (tables=N against rows=...) match, and a difference is named by its field. A spec
@@ -165,7 +183,7 @@ nlohmann::json CheckpointIdentity(const JobLayout& layout, int dim, const nlohma
 // directory would go on with that run). A resuming job removes the incomplete checkpoints
 // older than the newest complete one.
 absl::Status PrepareCheckpointDir(const std::string& dir, const nlohmann::json& identity,
-                                  Iteration resumed_from);
+                                  Iteration resumed_from, const IdentityContext& context = {});
 // Removes every complete checkpoint but the newest `keep` (0: keeps all) and every incomplete
 // one older than `newest`. Each goes by its MANIFEST first, so a half-removed one does not
 // exist.

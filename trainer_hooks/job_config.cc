@@ -455,8 +455,13 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream, const 
     data.schema = *std::move(scanned);
     // The scan is the source's first pass: what it returned is one epoch.
     data.train_samples = source->stats().samples;
+    // Read to its end where it stopped short of --max-samples: then that is the whole source.
+    if (config.source.max_samples < 0 || data.train_samples < config.source.max_samples) {
+      data.source_samples = data.train_samples;
+    }
   } else {
     data.train_samples = source->SamplesPerEpoch();
+    data.source_samples = source->SamplesPerEpochWithoutLimit();
   }
   if (data.schema.num_tables() == 0) {
     return Invalid("--data ", config.data, ": the dataset has no embedding tables");

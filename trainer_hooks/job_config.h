@@ -140,6 +140,10 @@ struct JobData {
   // text, the count for eval_fraction, a binary file's header), else -1.
   int64_t train_samples = -1;
   int64_t eval_samples = -1;
+  // Rank 0: the samples of one epoch of the whole source, before --max-samples (and
+  // eval_fraction), where known without reading more of it than the job does, else -1
+  // (IdentityContext::source_samples).
+  int64_t source_samples = -1;
 };
 
 // Wraps a source for display while it is read (e.g. a progress bar) from where it stands; `label`

@@ -216,6 +216,14 @@ def _json_text(value, what):
     return text
 
 
+def _identity_text(value, what):
+    """A checkpoint identity's part for the runtime: a dict (or None) as JSON text; a callable as
+    one that takes the data's Schema and returns that text."""
+    if callable(value):
+        return lambda schema: _json_text(value(schema), what)
+    return _json_text(value, what)
+
+
 def _path_text(path, what):
     """A path argument as the runtime takes it ("" for None); TypeError when it is no path,
     ValueError on a NUL or what UTF-8 cannot encode."""
@@ -1194,10 +1202,15 @@ class Job:
     as ``bagpipe train``'s flags; each trainer registers the loop's state
     (Trainer.checkpoint_torch_state or set_loop_state) before its first iteration;
     ``checkpoint_identity``: a dict of the loop's own options a resumed job must match (e.g. the
-    dense model's sizes). ``request_stop()`` — and, with checkpoints configured, the first Ctrl-C,
-    SIGTERM or SIGUSR1 (what mpirun forwards to every rank) between the job's creation and its
-    close, on the main thread's process (the job holds those handlers meanwhile) — stops the job
-    at an iteration boundary with a checkpoint;
+    dense model's sizes), or a callable that takes the data's Schema and returns it (for options
+    whose defaults depend on the data: record the value they resolve to, so that a job that
+    gives the default and one that leaves it match). ``checkpoint_defaults``: for options that
+    older checkpoints recorded as given, "" for the default, and this loop records resolved: a
+    dict of the values those defaults take here (or a callable of the Schema returning it); a
+    checkpoint's "" is compared as that value. ``request_stop()`` — and, with checkpoints
+    configured, the first Ctrl-C, SIGTERM or SIGUSR1 (what mpirun forwards to every rank)
+    between the job's creation and its close, on the main thread's process (the job holds those
+    handlers meanwhile) — stops the job at an iteration boundary with a checkpoint;
     ``finish()`` then raises Stopped saying where to resume. A second signal aborts. Without
     checkpoints, Ctrl-C aborts the job (KeyboardInterrupt) unless the caller installed a SIGINT
     handler of its own: that handler's call then.
@@ -1205,7 +1218,8 @@ class Job:
     Use it as a context manager: leaving the block with an exception aborts the job (every
     thread and rank stops) and ``close()`` joins its threads."""
 
-    def __init__(self, config, data=None, schema=None, eval_data=None, checkpoint_identity=None):
+    def __init__(self, config, data=None, schema=None, eval_data=None, checkpoint_identity=None,
+                 checkpoint_defaults=None):
         if not isinstance(config, _core.Config):
             raise TypeError(f"Job: config must be a bagpipe.Config, got {type(config).__name__}")
         if schema is not None and not isinstance(schema, Schema):
@@ -1225,8 +1239,10 @@ class Job:
             normalize = _data.Normalizer(schema.num_tables, schema.num_dense)
             if isinstance(data, collections.abc.Iterator):
                 data = _one_shot(data, config)
-        self._core = _core.Job(config, data, eval_data, normalize, schema,
-                               _json_text(checkpoint_identity, "Job: checkpoint_identity"))
+        self._core = _core.Job(
+            config, data, eval_data, normalize, schema,
+            _identity_text(checkpoint_identity, "Job: checkpoint_identity"),
+            _identity_text(checkpoint_defaults, "Job: checkpoint_defaults"))
         self.schema = self._core.schema
         self.trainers = [Trainer(t, self.schema.num_tables, self.schema.num_dense, self.config.dim)
                          for t in self._core.trainers()]

@@ -318,7 +318,8 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<JobCore, std::shared_ptr<JobCore>>(m, "Job")
       .def(py::init(&JobCore::Create), py::arg("config"), py::arg("data"), py::arg("eval_data"),
-           py::arg("normalize"), py::arg("schema"), py::arg("checkpoint_identity") = "{}")
+           py::arg("normalize"), py::arg("schema"), py::arg("checkpoint_identity") = py::str("{}"),
+           py::arg("checkpoint_defaults") = py::str("{}"))
       .def("trainers", &JobCore::trainers)
       .def_property_readonly("rank", &JobCore::rank)
       .def_property_readonly("world_size", &JobCore::world_size)

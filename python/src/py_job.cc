@@ -125,10 +125,28 @@ bool WaitForDetachedJobs(absl::Duration timeout) {
 
 void ForgetDetachedJobsInChild() { detached_jobs = 0; }
 
+namespace {
+
+// A loop's part of a checkpoint identity: `value` is the JSON text of a dict, or a callable that
+// takes the data's schema and returns it (called here, with the GIL held).
+nlohmann::json LoopIdentity(const py::object& value, const Schema& schema, const char* what) {
+  const py::object text = py::isinstance<py::str>(value) ? value : value(py::cast(schema));
+  nlohmann::json parsed = py::isinstance<py::str>(text)
+                              ? nlohmann::json::parse(text.cast<std::string>(), nullptr, false)
+                              : nlohmann::json();
+  if (parsed.is_discarded() || !parsed.is_object()) {
+    RaiseError("ConfigError", absl::StrCat(what, " must be a dict of JSON values"));
+  }
+  return parsed;
+}
+
+}  // namespace
+
 std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object data,
                                          py::object eval_data, py::object normalize,
                                          std::optional<Schema> schema,
-                                         const std::string& checkpoint_identity) {
+                                         py::object checkpoint_identity,
+                                         py::object checkpoint_defaults) {
   std::shared_ptr<JobCore> core(new JobCore());
   core->config_ = config;
   if (absl::Status status = config.Validate(); !status.ok()) {
@@ -146,6 +164,7 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
   const bool iterable = !data.is_none();
   std::unique_ptr<BatchStream> train, eval;
   Schema data_schema;
+  int64_t source_samples = -1;  // JobData::source_samples (config.data only)
   if (iterable) {
     if (!schema.has_value()) {
       RaiseError("ConfigError",
@@ -201,6 +220,7 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
     if (PyErr_Occurred() != nullptr) throw py::error_already_set();  // from a signal handler
     if (!opened.ok()) RaiseError("ConfigError", std::string(opened.status().message()));
     data_schema = opened->schema;
+    source_samples = opened->source_samples;
     core->description_ = opened->description;
     train = std::move(opened->train);
     eval = std::move(opened->eval);
@@ -209,16 +229,17 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
       config.Resolve(data_schema, core->mpirun_ ? mpi.transport->size() : 0);
   if (!options.ok()) RaiseError("ConfigError", std::string(options.status().message()));
   core->options_ = *options;
-  // Checkpoints: the loop's own must-match options (the job adds its own), and stops requested
-  // from Python (request_stop: a signal handler, or the caller) polled by every role.
-  nlohmann::json identity = nlohmann::json::parse(checkpoint_identity, nullptr, false);
-  if (identity.is_discarded() || !identity.is_object()) {
-    RaiseError("ConfigError", "checkpoint_identity must be a dict of JSON values");
-  }
-  core->options_.checkpoint.identity.update({{"loop", "python"},
-                                             {"--batch-size", config.batch_size},
-                                             {"--eval-fraction", config.eval_fraction},
-                                             {"model", std::move(identity)}});
+  // Checkpoints: the loop's own must-match options (the job adds its own), as the data resolve
+  // them, and stops requested from Python (request_stop: a signal handler, or the caller) polled
+  // by every role.
+  core->options_.checkpoint.identity.update(
+      {{"loop", "python"},
+       {"--batch-size", config.batch_size},
+       {"--eval-fraction", config.eval_fraction},
+       {"model", LoopIdentity(checkpoint_identity, data_schema, "checkpoint_identity")}});
+  core->options_.checkpoint.identity_context.source_samples = source_samples;
+  core->options_.checkpoint.identity_context.defaults = {
+      {"model", LoopIdentity(checkpoint_defaults, data_schema, "checkpoint_defaults")}};
   core->options_.stop_requested = [raw = core.get()] {
     return raw->stop_signal_.load(std::memory_order_relaxed);
   };

@@ -53,11 +53,15 @@ class JobCore : public std::enable_shared_from_this<JobCore> {
  public:
   // Opens the data (config.data, or the iterables `data`/`eval_data` with `schema` and the
   // Python `normalize`), resolves the options (ConfigError on a contradiction) and starts the
-  // job: embedded, or this rank's part when launched by mpirun.
+  // job: embedded, or this rank's part when launched by mpirun. `checkpoint_identity` (the
+  // loop's options a resume must match) and `checkpoint_defaults` (CheckpointOptions'
+  // identity_context.defaults, within the loop's options): each the JSON text of a dict, or a
+  // callable that takes the data's Schema and returns it.
   static std::shared_ptr<JobCore> Create(const JobConfig& config, pybind11::object data,
                                          pybind11::object eval_data, pybind11::object normalize,
                                          std::optional<Schema> schema,
-                                         const std::string& checkpoint_identity);
+                                         pybind11::object checkpoint_identity,
+                                         pybind11::object checkpoint_defaults);
   ~JobCore();
 
   // The local trainers (the same objects while Python holds them; they keep the core alive).

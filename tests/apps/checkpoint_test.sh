@@ -280,6 +280,33 @@ else
   fail "moved: checkpoints $(ls "$WORK/ck_moved" | tr '\n' ' '): $(tail -3 "$WORK/moved.log")"
 fi
 
+# The same job however its options are written: a --max-samples at the stream's size (a bin:
+# file's header says it) selects what none does, and --bottom names the default (DENSE-64-DIM)
+# the checkpointed run left out. Fewer samples or other layers are another job.
+"$BAGPIPE" convert --data "$SYN" --out "$WORK/syn.bin" >"$WORK/convert.log" 2>&1 ||
+  fail "convert: $(tail -1 "$WORK/convert.log")"
+bin_train() {  # bin_train NAME ARGS...
+  local name=$1
+  shift
+  "$BAGPIPE" train --data "bin:$WORK/syn.bin" "${B[@]}" --trainers 1 --cache oracle \
+    --cache-rows 1500 --optimizer adagrad --deterministic --quiet "$@" >"$WORK/$name.log" 2>&1
+}
+if ! bin_train bin_all --iterations 4 --max-samples 30000 --checkpoint-dir "$WORK/bin_ck"; then
+  fail "bin_all: $(tail -1 "$WORK/bin_all.log")"
+elif bin_train bin_fewer --iterations 8 --max-samples 29999 --resume "$WORK/bin_ck" ||
+  ! grep -q "option --max-samples is 30000 in the checkpoint and 29999 here" \
+    "$WORK/bin_fewer.log"; then
+  fail "bin_fewer: $(tail -1 "$WORK/bin_fewer.log")"
+elif bin_train bin_layers --iterations 8 --bottom 13-32-8 --resume "$WORK/bin_ck" ||
+  ! grep -q 'option --bottom is "13-64-8" in the checkpoint and "13-32-8" here' \
+    "$WORK/bin_layers.log"; then
+  fail "bin_layers: $(tail -1 "$WORK/bin_layers.log")"
+elif ! bin_train bin_same --iterations 8 --bottom 13-64-8 --resume "$WORK/bin_ck"; then
+  fail "bin_same: $(tail -1 "$WORK/bin_same.log")"
+else
+  echo "ok   same job: --max-samples 30000 of 30000 and --bottom 13-64-8 resume a run without"
+fi
+
 # The data before the checkpoint: a change in any batch is refused (here one label of the first
 # batch; the last batch's CRC32C alone missed it), and a checkpoint past the end of this job's
 # data (fewer --epochs) is named as such.

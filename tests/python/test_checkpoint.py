@@ -293,3 +293,56 @@ def test_diverged_parameters_are_neither_saved_nor_restored(tmp_path, monkeypatc
     with pytest.raises(bagpipe.Error, match="not finite \\(parameter 'bias' .*saved after the "
                                             "training diverged"):
         run(make_config("oracle", 1, resume=str(saved)), tmp_path, "resumed")
+
+
+def test_a_max_samples_that_selects_every_sample_is_no_other_job(tmp_path):
+    # DATA holds 40000 samples: --max-samples 40000 (or more) reads what none reads.
+    for name, first, then in (("all", 40000, -1), ("none", -1, 40000), ("more", 50000, -1)):
+        checkpoints = tmp_path / name
+        run_stopped(make_config("oracle", 1, checkpoint_dir=str(checkpoints), max_samples=first),
+                    stop_at=2)
+        _, [(steps, first_iteration)] = run(
+            make_config("oracle", 1, resume=str(checkpoints), max_samples=then), tmp_path,
+            f"{name}-resumed")
+        assert first_iteration > 0 and first_iteration + steps == ITERATIONS
+    # Fewer samples are another stream.
+    checkpoints = tmp_path / "fewer"
+    run_stopped(make_config("oracle", 1, checkpoint_dir=str(checkpoints)), stop_at=2)
+    with pytest.raises(bagpipe.Error, match="option --max-samples is -1 in the checkpoint and "
+                                            "39999 here"):
+        run(make_config("oracle", 1, resume=str(checkpoints), max_samples=39999), tmp_path,
+            "fewer-resumed")
+
+
+def test_a_loop_identity_resolved_against_the_data_and_its_older_defaults(tmp_path):
+    # The loop records an option its default sets from the data as the value it resolves to;
+    # an older checkpoint's "" is compared as that default (checkpoint_defaults).
+    def resolved(bottom):
+        return lambda schema: {"bottom": bottom or f"{schema.num_dense}-64-4"}
+
+    def stopped(identity, checkpoints):
+        with bagpipe.Job(make_config("oracle", 1, checkpoint_dir=str(checkpoints)),
+                         checkpoint_identity=identity) as job:
+            job.run_trainers(train, job, stop_at=2)
+            with pytest.raises(bagpipe.Stopped):
+                job.finish()
+
+    def resumed(identity, checkpoints, defaults=None):
+        with bagpipe.Job(make_config("oracle", 1, resume=str(checkpoints)),
+                         checkpoint_identity=identity, checkpoint_defaults=defaults) as job:
+            [(steps, first_iteration)] = job.run_trainers(train, job)
+            job.finish()
+            return first_iteration, steps
+
+    stopped(resolved(""), tmp_path / "new")
+    assert sum(resumed(resolved("13-64-4"), tmp_path / "new")) == ITERATIONS
+    stopped({"bottom": ""}, tmp_path / "old")
+    with pytest.raises(bagpipe.Error, match='option model: bottom is "" in the checkpoint and '
+                                            '"13-64-4" here'):
+        resumed(resolved(""), tmp_path / "old")
+    with pytest.raises(bagpipe.Error, match='option model: bottom is "13-64-4" in the checkpoint '
+                                            'and "13-32-4" here'):
+        resumed(resolved("13-32-4"), tmp_path / "old", defaults=resolved(""))
+    assert sum(resumed(resolved(""), tmp_path / "old", defaults=resolved(""))) == ITERATIONS
+    with pytest.raises(ValueError, match="checkpoint_identity"):
+        resumed(lambda schema: {"bottom": float("nan")}, tmp_path / "old")

@@ -8,6 +8,7 @@ from the same parameters, the two agree iteration by iteration within float roun
 import json
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -171,3 +172,45 @@ def test_a_resumed_run_continues_the_metrics_as_bagpipe_train_does(example, tmp_
     again = example.main(base + ["--out", resumed_dir, "--resume", checkpoints])
     assert again["iterations"] == 0 and again["train_loss"] is None
     assert metrics_lines(resumed_dir) == b
+
+
+@pytest.mark.parametrize("first,then", [([], ["--bottom", "13-64-8"]),
+                                        (["--bottom", "13-64-8"], [])])
+def test_a_resume_naming_the_default_bottom_continues_one_that_left_it_out(example, tmp_path,
+                                                                          first, then):
+    # The checkpoints record the layers --bottom stands for (DENSE-64-DIM left out, for the
+    # data's 13 dense features): both forms are one model. Other layers are another one.
+    base = COMMON + ["--cache", "oracle"]
+    checkpoints = str(tmp_path / "ckpt")
+    cut = [a if a != "14" else "7" for a in base]
+    example.main(cut + first + ["--checkpoint-dir", checkpoints])
+    with pytest.raises(bagpipe.Error, match='option model: bottom is "13-64-8" in the checkpoint '
+                                            'and "13-32-8" here'):
+        example.main(base + ["--bottom", "13-32-8", "--resume", checkpoints])
+    resumed = example.main(base + then + ["--resume", checkpoints])
+    assert resumed["iterations"] == 7
+
+
+def test_a_checkpoint_that_recorded_the_bottom_as_given_still_resumes(example, tmp_path,
+                                                                      monkeypatch):
+    # Checkpoints written before --bottom was recorded resolved hold it as given ("" left out):
+    # "" is the default for this data, layers given are compared as they are.
+    base = COMMON + ["--cache", "oracle"]
+    cut = [a if a != "14" else "7" for a in base]
+    resolved = example.checkpoint_identity
+
+    def as_given(flags, config, schema):
+        return {**resolved(flags, config, schema), "bottom": flags["bottom"]}
+
+    for name, first in (("omitted", []), ("given", ["--bottom", "13-64-8"])):
+        checkpoints = str(tmp_path / name)
+        with monkeypatch.context() as patch:
+            patch.setattr(example, "checkpoint_identity", as_given)
+            example.main(cut + first + ["--checkpoint-dir", checkpoints])
+        with pytest.raises(bagpipe.Error, match="option model: bottom is"):
+            example.main(base + ["--bottom", "13-32-8", "--resume", checkpoints])
+        for then in ([], ["--bottom", "13-64-8"]):
+            resumed = example.main(base + then + ["--resume", checkpoints,
+                                                  "--checkpoint-dir", str(tmp_path / "elsewhere")])
+            assert resumed["iterations"] == 7
+            shutil.rmtree(tmp_path / "elsewhere")

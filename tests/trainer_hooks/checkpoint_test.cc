@@ -151,6 +151,73 @@ TEST(CheckpointIdentityTest, ASyntheticStreamMatchesWhateverItsSpecsSpelling) {
   EXPECT_EQ(SyntheticStreamIdentity("synthetics"), nlohmann::json("synthetics"));
 }
 
+// --max-samples N at or above the stream's size selects the samples none selects: the same job.
+TEST(CheckpointIdentityTest, AMaxSamplesThatSelectsTheWholeStreamMatchesNone) {
+  // A synthetic stream says its size (samples=100).
+  nlohmann::json none = kIdentity;
+  none["--data"] = SyntheticStreamIdentity("synthetic:samples=100,tables=2,seed=3");
+  none["--max-samples"] = -1;
+  nlohmann::json all = none;
+  all["--max-samples"] = 100;
+  nlohmann::json more = none;
+  more["--max-samples"] = 250;
+  EXPECT_TRUE(MatchIdentity(all, none, "ck").ok());
+  EXPECT_TRUE(MatchIdentity(none, all, "ck").ok());
+  EXPECT_TRUE(MatchIdentity(more, all, "ck").ok());
+  // Fewer samples are another stream, named with the values as recorded.
+  nlohmann::json fewer = none;
+  fewer["--max-samples"] = 99;
+  EXPECT_THAT(std::string(MatchIdentity(fewer, none, "ck").message()),
+              HasSubstr("option --max-samples is 99 in the checkpoint and -1 here"));
+  EXPECT_THAT(std::string(MatchIdentity(all, fewer, "ck").message()),
+              HasSubstr("option --max-samples is 100 in the checkpoint and 99 here"));
+  // Another synthetic stream is named as such, whatever --max-samples says.
+  nlohmann::json bigger = all;
+  bigger["--data"] = SyntheticStreamIdentity("synthetic:samples=200,tables=2,seed=3");
+  EXPECT_THAT(std::string(MatchIdentity(all, bigger, "ck").message()),
+              HasSubstr("option --data: samples is 100 in the checkpoint and 200 here"));
+
+  // A file's size is the job's to say (a binary file's header); unknown, N is not none.
+  nlohmann::json file_none = kIdentity;
+  file_none["--max-samples"] = -1;
+  nlohmann::json file_all = kIdentity;
+  file_all["--max-samples"] = 5000;
+  EXPECT_THAT(std::string(MatchIdentity(file_all, file_none, "ck").message()),
+              HasSubstr("option --max-samples is 5000 in the checkpoint and -1 here"));
+  IdentityContext context;
+  context.source_samples = 5000;
+  EXPECT_TRUE(MatchIdentity(file_all, file_none, "ck", context).ok());
+  EXPECT_TRUE(MatchIdentity(file_none, file_all, "ck", context).ok());
+  context.source_samples = 5001;
+  EXPECT_THAT(std::string(MatchIdentity(file_all, file_none, "ck", context).message()),
+              HasSubstr("option --max-samples is 5000 in the checkpoint and -1 here"));
+}
+
+// A checkpoint that recorded an option as given ("" for its default) against a job that records
+// the value it resolves to: "" is compared as this job's default.
+TEST(CheckpointIdentityTest, ADefaultRecordedAsEmptyIsComparedAsItResolvesHere) {
+  nlohmann::json older = kIdentity;
+  older["model"] = {{"bottom", ""}, {"top", "16-1"}};
+  nlohmann::json job = kIdentity;
+  job["model"] = {{"bottom", "13-64-16"}, {"top", "16-1"}};
+  EXPECT_THAT(std::string(MatchIdentity(older, job, "ck").message()),
+              HasSubstr("option model: bottom is \"\" in the checkpoint and \"13-64-16\" here"));
+  IdentityContext context;
+  context.defaults = {{"model", {{"bottom", "13-64-16"}}}};
+  EXPECT_TRUE(MatchIdentity(older, job, "ck", context).ok());
+  // Other layers than the default are another model.
+  job["model"]["bottom"] = "13-32-16";
+  EXPECT_THAT(std::string(MatchIdentity(older, job, "ck", context).message()),
+              HasSubstr("option model: bottom is \"13-64-16\" in the checkpoint and "
+                        "\"13-32-16\" here"));
+  // Only "" stands for the default: layers recorded as given are compared as they are.
+  older["model"]["bottom"] = "13-32-16";
+  job["model"]["bottom"] = "13-64-16";
+  EXPECT_THAT(std::string(MatchIdentity(older, job, "ck", context).message()),
+              HasSubstr("option model: bottom is \"13-32-16\" in the checkpoint and "
+                        "\"13-64-16\" here"));
+}
+
 TEST(CheckpointDirTest, TheParentOfACheckpointWhateverItsSpelling) {
   EXPECT_EQ(CheckpointParent("runs/ck/ckpt-10"), "runs/ck");
   EXPECT_EQ(CheckpointParent("runs/ck/ckpt-10/"), "runs/ck");

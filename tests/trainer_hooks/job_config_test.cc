@@ -10,10 +10,12 @@
 #include <thread>
 #include <vector>
 
+#include "data/binary_format.h"
 #include "data/synthetic.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sync/roles.h"
+#include "tests/data/data_testing.h"
 
 namespace bagpipe {
 namespace {
@@ -258,6 +260,42 @@ TEST(JobConfigTest, OpenJobDataReadsTheSourceAndItsHeldOutTail) {
   EXPECT_EQ(schema_only->schema, data->schema);
   config.data = "nosuch:x";
   EXPECT_FALSE(OpenJobData(config, true).ok());
+}
+
+// The whole source's size, for checkpoints (a --max-samples at or above it selects every
+// sample): where known without reading more than the job does.
+TEST(JobConfigTest, OpenJobDataKnowsTheWholeSourcesSizeWhereItCan) {
+  JobConfig config;
+  config.data = "synthetic:samples=1000,tables=3,seed=4";
+  config.source.max_samples = 600;
+  auto synthetic = OpenJobData(config, /*stream=*/true);
+  ASSERT_TRUE(synthetic.ok()) << synthetic.status();
+  EXPECT_EQ(synthetic->train_samples, 600);
+  EXPECT_EQ(synthetic->source_samples, 1000);
+  // A binary file's header.
+  const std::string bin = TestTempPath("job_config_test", "whole.bin");
+  {
+    auto source = OpenSource(config.data, SourceOptions{});
+    ASSERT_TRUE(source.ok());
+    ASSERT_TRUE(WriteBinary(**source, bin).ok());
+  }
+  config.data = "bin:" + bin;
+  auto binary = OpenJobData(config, /*stream=*/true);
+  ASSERT_TRUE(binary.ok()) << binary.status();
+  EXPECT_EQ(binary->train_samples, 600);
+  EXPECT_EQ(binary->source_samples, 1000);
+  // Text: the scan for the table sizes reads it to its end only where --max-samples is beyond.
+  config.data = "csv:" + std::string(BAGPIPE_SOURCE_DIR) + "/tests/fixtures/movielens_small.csv";
+  config.source.schema = "label=rating>3.5; sparse=userId,movieId";
+  config.source.max_samples = 200000;
+  auto whole = OpenJobData(config, /*stream=*/true);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->source_samples, 100004);
+  config.source.max_samples = 100004;  // the scan stops there: more lines may follow
+  auto stopped = OpenJobData(config, /*stream=*/true);
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ(stopped->train_samples, 100004);
+  EXPECT_EQ(stopped->source_samples, -1);
 }
 
 // A stop during a pass over the whole data before training (minutes on a Criteo day file) ends
