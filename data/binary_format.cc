@@ -373,12 +373,16 @@ class BinarySource final : public SampleSource {
     }
     RETURN_IF_ERROR(CheckLayout(have));
     RETURN_IF_ERROR(CheckBody(have, body_checksum));
-    // Each table's id count, and so the extent of its ids section.
+    per_epoch_ = options_.max_samples >= 0 ? std::min(samples_, options_.max_samples) : samples_;
+    // Each table's id count, and so the extent of its ids section; and the ids of one epoch
+    // (the first per_epoch_ bags), for IdsPerSample.
+    int64_t epoch_ids = 0;
     for (int t = 0; t < schema_.num_tables(); ++t) {
       TableSection& table = tables_[t];
       if (table.one_hot) {
         // CheckLayout found its n ids inside the body.
         table.num_ids = samples_;
+        epoch_ids += per_epoch_;
         continue;
       }
       int64_t first = 0, last = 0;
@@ -392,8 +396,17 @@ class BinarySource final : public SampleSource {
                                                 ", outside its ids section"));
       }
       table.num_ids = last;
+      int64_t epoch_end = last;
+      if (per_epoch_ < samples_) {
+        RETURN_IF_ERROR(ReadAt(fd, body_offset_ + table.offsets + per_epoch_ * 8, &epoch_end, 8,
+                               shown_, "offsets"));
+        // A decreasing offset is reported by the read that meets it; the estimate stays in range.
+        epoch_end = std::clamp<int64_t>(epoch_end, 0, last);
+      }
+      epoch_ids += epoch_end;
     }
-    per_epoch_ = options_.max_samples >= 0 ? std::min(samples_, options_.max_samples) : samples_;
+    ids_per_sample_ =
+        per_epoch_ > 0 ? static_cast<double>(epoch_ids) / static_cast<double>(per_epoch_) : -1;
     return absl::OkStatus();
   }
 
@@ -527,6 +540,7 @@ class BinarySource final : public SampleSource {
   SourceStats stats() const override { return stats_; }
   int64_t SamplesPerEpoch() const override { return per_epoch_; }
   int64_t SamplesPerEpochWithoutLimit() const override { return samples_; }
+  double IdsPerSample() const override { return ids_per_sample_; }
 
   std::string Describe() const override {
     return absl::StrCat("bin:", shown_, " (", samples_, " samples",
@@ -667,6 +681,7 @@ class BinarySource final : public SampleSource {
   int64_t dense_ = 0;
   std::vector<TableSection> tables_;
   int64_t per_epoch_ = 0;
+  double ids_per_sample_ = -1;  // over the first per_epoch_ samples (-1: none)
   int64_t position_ = 0;
   int64_t stream_offset_ = 0;
   SourceStats stats_;

@@ -134,8 +134,9 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenSource(std::string_view spec,
 namespace {
 
 // Reads one epoch of `source` in blocks, polling `stop_requested` between them; returns the
-// samples read.
-absl::StatusOr<int64_t> ReadEpoch(SampleSource& source, const StopPoll& stop_requested) {
+// samples read, and with `ids` adds the sparse ids they held to *ids.
+absl::StatusOr<int64_t> ReadEpoch(SampleSource& source, const StopPoll& stop_requested,
+                                  int64_t* ids = nullptr) {
   Batch batch;
   int64_t total = 0;
   while (true) {
@@ -148,13 +149,19 @@ absl::StatusOr<int64_t> ReadEpoch(SampleSource& source, const StopPoll& stop_req
     ASSIGN_OR_RETURN(const int64_t read, source.Read(1 << 16, &batch));
     if (read == 0) return total;
     total += read;
+    if (ids != nullptr) *ids += batch.num_ids();
   }
 }
 
 }  // namespace
 
-absl::StatusOr<Schema> ScanSchema(SampleSource& source, const StopPoll& stop_requested) {
-  RETURN_IF_ERROR(ReadEpoch(source, stop_requested).status());
+absl::StatusOr<Schema> ScanSchema(SampleSource& source, const StopPoll& stop_requested,
+                                  double* ids_per_sample) {
+  int64_t ids = 0;
+  ASSIGN_OR_RETURN(const int64_t samples, ReadEpoch(source, stop_requested, &ids));
+  if (ids_per_sample != nullptr) {
+    *ids_per_sample = samples > 0 ? static_cast<double>(ids) / static_cast<double>(samples) : -1;
+  }
   Schema schema = source.schema();
   RETURN_IF_ERROR(source.Rewind());
   return schema;
@@ -199,6 +206,15 @@ class RangeSource final : public SampleSource {
     const int64_t all = source_->SamplesPerEpoch();
     if (all < 0) return -1;
     return std::max<int64_t>(0, (end_ >= 0 ? std::min(end_, all) : all) - std::min(begin_, all));
+  }
+  // Known only for a range over the whole epoch: a part's bags may be larger or smaller.
+  double IdsPerSample() const override {
+    if (begin_ > 0) return -1;
+    if (end_ >= 0) {
+      const int64_t all = source_->SamplesPerEpoch();
+      if (all < 0 || end_ < all) return -1;
+    }
+    return source_->IdsPerSample();
   }
   std::string Describe() const override {
     return absl::StrCat(source_->Describe(), " samples [", begin_, ", ",

@@ -68,6 +68,13 @@ class SampleSource {
   // above it for none (both select every sample).
   virtual int64_t SamplesPerEpochWithoutLimit() const { return -1; }
 
+  // The mean sparse ids per sample over all tables and one epoch, where known without reading
+  // the data (a binary file's header: every table's id count; within
+  // SourceOptions::max_samples), else -1 (text; an epoch of no sample). For the job's up-front
+  // memory estimate of the oracle's window (trainer_hooks/job_limits.h), which multi-hot bags
+  // grow.
+  virtual double IdsPerSample() const { return -1; }
+
   virtual SourceStats stats() const = 0;
   // e.g. "criteo:/data/day_0 (mod 10000000 hashing)".
   virtual std::string Describe() const = 0;
@@ -104,7 +111,10 @@ using StopPoll = std::function<int()>;
 
 // Reads the whole source once (one epoch) and returns its final schema (exact table sizes for
 // dictionary-encoded text), then rewinds it. Used where table sizes must be known up front.
-absl::StatusOr<Schema> ScanSchema(SampleSource& source, const StopPoll& stop_requested = nullptr);
+// With `ids_per_sample`, also sets *ids_per_sample to the mean sparse ids per sample over all
+// tables of the epoch it read (-1 when the epoch held no sample).
+absl::StatusOr<Schema> ScanSchema(SampleSource& source, const StopPoll& stop_requested = nullptr,
+                                  double* ids_per_sample = nullptr);
 
 // Samples [begin, end) of every epoch of `source` (earlier samples are read and dropped), e.g.
 // the held-out tail of a dataset. end = -1: to the end of the epoch.

@@ -154,6 +154,87 @@ TEST(BinaryFormatTest, OneHotTablesAreStoredWithoutOffsets) {
   EXPECT_EQ(FormatVersion(multi_hot_path), 2u);
 }
 
+// The mean ids a sample carries over one epoch, by reading it.
+double ReadIdsPerSample(SampleSource& source) {
+  int64_t samples = 0, ids = 0;
+  for (const Batch& batch : ReadBatches(source, 1000)) {
+    samples += batch.num_samples;
+    ids += batch.num_ids();
+  }
+  EXPECT_TRUE(source.Rewind().ok());
+  return samples > 0 ? static_cast<double>(ids) / static_cast<double>(samples) : -1;
+}
+
+// A binary file's header gives every table's id count: the mean ids per sample (which the
+// oracle's window grows with) is known before the data are read, for multi-hot tables, one-hot
+// ones (format version 3, no offsets) and within --max-samples.
+TEST(BinaryFormatTest, TheHeaderSaysHowManyIdsASampleCarries) {
+  auto pooled = Must(OpenSynthetic("samples=300,rows=50/20,pooling=20,seed=3", {}));
+  const std::string pooled_path = TempPath("pooled.bin");
+  ASSERT_TRUE(WriteBinary(*pooled, pooled_path).ok());
+  auto binary = Must(OpenBinary(pooled_path, {}));
+  EXPECT_EQ(binary->IdsPerSample(), 40.0);  // 2 tables of 20 ids a bag
+
+  auto varied = Must(OpenSynthetic("samples=500,rows=50/20/30,pooling=0-9,seed=5", {}));
+  const std::string varied_path = TempPath("varied.bin");
+  ASSERT_TRUE(WriteBinary(*varied, varied_path).ok());
+  binary = Must(OpenBinary(varied_path, {}));
+  const double mean = binary->IdsPerSample();
+  EXPECT_GT(mean, 3 * 2.0);
+  EXPECT_LT(mean, 3 * 7.0);
+  EXPECT_DOUBLE_EQ(mean, ReadIdsPerSample(*binary));
+  // Within --max-samples: the first 123 samples' bags, not the file's.
+  SourceOptions limited;
+  limited.max_samples = 123;
+  binary = Must(OpenBinary(varied_path, limited));
+  EXPECT_DOUBLE_EQ(binary->IdsPerSample(), ReadIdsPerSample(*binary));
+  EXPECT_NE(binary->IdsPerSample(), mean);
+
+  // Criteo: 26 one-hot tables (version 3 stores no offsets for them).
+  auto criteo = Must(OpenCriteo(kCriteo, {}));
+  const std::string criteo_path = TempPath("criteo_ids.bin");
+  ASSERT_TRUE(WriteBinary(*criteo, criteo_path).ok());
+  ASSERT_EQ(FormatVersion(criteo_path), 3u);
+  binary = Must(OpenBinary(criteo_path, {}));
+  EXPECT_EQ(binary->IdsPerSample(), 26.0);
+  limited.max_samples = 10;
+  EXPECT_EQ(Must(OpenBinary(criteo_path, limited))->IdsPerSample(), 26.0);
+
+  // One-hot and multi-hot tables together: two one-hot tables and 1-10 genres a movie.
+  SourceOptions csv;
+  csv.schema = "label=rating>3.5; sparse=userId,movieId,split(genres,|)";
+  const std::string movielens =
+      std::string(BAGPIPE_SOURCE_DIR) + "/tests/fixtures/movielens_small.csv";
+  auto mixed = Must(OpenSource("csv:" + movielens, csv));
+  const std::string mixed_path = TempPath("mixed_ids.bin");
+  ASSERT_TRUE(WriteBinary(*mixed, mixed_path).ok());
+  binary = Must(OpenBinary(mixed_path, {}));
+  EXPECT_GT(binary->IdsPerSample(), 3.0);
+  EXPECT_DOUBLE_EQ(binary->IdsPerSample(), ReadIdsPerSample(*binary));
+
+  // No sample: no mean.
+  auto empty = Must(OpenSynthetic("samples=0,scale=0.001", {}));
+  const std::string empty_path = TempPath("empty_ids.bin");
+  ASSERT_TRUE(WriteBinary(*empty, empty_path).ok());
+  EXPECT_EQ(Must(OpenBinary(empty_path, {}))->IdsPerSample(), -1);
+}
+
+// A range over the whole epoch keeps its source's mean; a part of it does not know its own.
+TEST(BinaryFormatTest, OnlyARangeOverTheWholeEpochKnowsItsIdsPerSample) {
+  auto pooled = Must(OpenSynthetic("samples=100,rows=50/20,pooling=0-5,seed=3", {}));
+  const std::string path = TempPath("range_ids.bin");
+  ASSERT_TRUE(WriteBinary(*pooled, path).ok());
+  const double mean = Must(OpenBinary(path, {}))->IdsPerSample();
+  ASSERT_GT(mean, 0);
+  EXPECT_EQ(SampleRange(Must(OpenBinary(path, {})), 0, -1)->IdsPerSample(), mean);
+  EXPECT_EQ(SampleRange(Must(OpenBinary(path, {})), 0, 100)->IdsPerSample(), mean);
+  EXPECT_EQ(SampleRange(Must(OpenBinary(path, {})), 0, 500)->IdsPerSample(), mean);
+  EXPECT_EQ(SampleRange(Must(OpenBinary(path, {})), 0, 60)->IdsPerSample(), -1);
+  EXPECT_EQ(SampleRange(Must(OpenBinary(path, {})), 40, -1)->IdsPerSample(), -1);
+  // Text does not know it before it is read.
+  EXPECT_EQ(Must(OpenCriteo(kCriteo, {}))->IdsPerSample(), -1);
+}
+
 TEST(BinaryFormatTest, MaxSamplesLimitsEachEpoch) {
   auto source = Must(OpenSynthetic("samples=100,scale=0.001", {}));
   const std::string path = TempPath("max.bin");

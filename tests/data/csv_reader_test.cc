@@ -203,6 +203,27 @@ TEST(CsvReaderTest, RewindAndMaxSamples) {
   EXPECT_EQ(source->schema().table_rows, rows);
 }
 
+// The scan for the table sizes also counts the ids: multi-id bags (split) are known to hold
+// more than one id a table before training (the oracle's window grows with them).
+TEST(CsvReaderTest, TheScanCountsTheIdsPerSample) {
+  auto source = Open(kMovieLens, Spec(kMovieLensSpec));
+  EXPECT_EQ(source->IdsPerSample(), -1);  // unknown before it is read
+  double ids_per_sample = 0;
+  auto schema = ScanSchema(*source, nullptr, &ids_per_sample);
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  // One user, one movie and 1-10 genres a rating: the mean of the whole file, read again.
+  const Batch all = ReadAll(*source, 30000);
+  EXPECT_EQ(all.first_sample, 100004);  // the scan rewound the source
+  EXPECT_DOUBLE_EQ(ids_per_sample, static_cast<double>(all.num_ids()) / 100004);
+  EXPECT_GT(ids_per_sample, 3.0);
+  // Within --max-samples, and for one id a table.
+  SourceOptions options = Spec("label=rating>3.5; sparse=userId,movieId");
+  options.max_samples = 1000;
+  source = Open(kMovieLens, options);
+  ASSERT_TRUE(ScanSchema(*source, nullptr, &ids_per_sample).ok());
+  EXPECT_EQ(ids_per_sample, 2.0);
+}
+
 TEST(CsvReaderTest, SpecErrors) {
   auto error = [](const std::string& spec) { return OpenCsv(kMovieLens, Spec(spec)).status(); };
   absl::Status status = error("label=rating>3.5; sparse=userId,nosuch");
