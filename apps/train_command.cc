@@ -208,7 +208,8 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
                                      },
                                      [] { return StopSignal(); }));
   const Schema& schema = data.schema;
-  ASSIGN_OR_RETURN(JobOptions options, config.Resolve(schema, mpi ? mpi->size() : 0));
+  ASSIGN_OR_RETURN(JobOptions options,
+                   config.Resolve(schema, mpi ? mpi->size() : 0, data.ids_per_sample));
   options.checkpoint.identity_context.source_samples = data.source_samples;
   const JobLayout& layout = options.layout;
   const bool is_trainer0 = mpi == nullptr || mpi->rank() == layout.trainer_rank(0);

@@ -152,7 +152,8 @@ absl::Status JobConfig::Validate() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_size) const {
+absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_size,
+                                              double ids_per_sample) const {
   RETURN_IF_ERROR(Validate());
   JobLayout layout{servers, trainers > 0 ? trainers : 1};
   if (world_size > 0) {
@@ -276,7 +277,10 @@ absl::StatusOr<JobOptions> JobConfig::Resolve(const Schema& schema, int world_si
   shape.batch_size = batch_size;
   shape.num_tables = schema.num_tables();
   shape.num_dense = schema.num_dense();
-  if (absl::StartsWith(data, "synthetic:")) {
+  if (ids_per_sample > 0 && std::isfinite(ids_per_sample)) {
+    // The data's own mean (a binary file's header, the scan of dictionary-encoded text).
+    shape.ids_per_sample = ids_per_sample;
+  } else if (absl::StartsWith(data, "synthetic:")) {
     // Its bags' mean size (pooling=P or MIN-MAX); an invalid spec was refused when opened.
     absl::StatusOr<SyntheticConfig> synthetic =
         ParseSyntheticConfig(data.substr(std::string("synthetic:").size()));
@@ -447,10 +451,13 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream, const 
   ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source, OpenSource(config.data, config.source));
   JobData data;
   data.schema = source->schema();
+  // Of the whole data: with --eval-fraction it stands for the training part's, which is not
+  // known without reading it.
+  data.ids_per_sample = source->IdsPerSample();
   if (dictionary_text) {
-    // Dictionary-encoded text: one pass to learn the exact table sizes.
+    // Dictionary-encoded text: one pass to learn the exact table sizes (and the bags' sizes).
     if (stream && wrap) source = wrap(std::move(source), "scanning for table sizes", -1);
-    absl::StatusOr<Schema> scanned = ScanSchema(*source, poll);
+    absl::StatusOr<Schema> scanned = ScanSchema(*source, poll, &data.ids_per_sample);
     if (!scanned.ok()) return stopped(scanned.status(), "scanning the data for the table sizes");
     data.schema = *std::move(scanned);
     // The scan is the source's first pass: what it returned is one epoch.
@@ -519,7 +526,8 @@ absl::StatusOr<JobData> OpenJobDataOnRankZero(const JobConfig& config, Transport
       message = {{"schema", data->schema.ToJson()},
                  {"description", data->description},
                  {"train_samples", data->train_samples},
-                 {"eval_samples", data->eval_samples}};
+                 {"eval_samples", data->eval_samples},
+                 {"ids_per_sample", data->ids_per_sample}};
     } else {
       message = {{"code", static_cast<int>(data.status().code())},
                  {"error", std::string(data.status().message())}};
@@ -567,6 +575,10 @@ absl::StatusOr<JobData> OpenJobDataOnRankZero(const JobConfig& config, Transport
   // Only for the progress bars: a message without them (or with nonsense) shows none.
   data.train_samples = JsonInt64(message, "train_samples").value_or(-1);
   data.eval_samples = JsonInt64(message, "eval_samples").value_or(-1);
+  // The same memory check as rank 0's: its value as sent (JSON keeps a double exactly).
+  if (const auto ids = message.find("ids_per_sample"); ids != message.end() && ids->is_number()) {
+    data.ids_per_sample = ids->get<double>();
+  }
   return data;
 }
 

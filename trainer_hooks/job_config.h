@@ -108,7 +108,12 @@ struct JobConfig {
   // oracle's window, an embedded job's threads, an emulated link) and derives every
   // component's options for data of `schema`. `world_size` > 0:
   // the job runs under mpirun with that many ranks (the trainers follow from it).
-  absl::StatusOr<JobOptions> Resolve(const Schema& schema, int world_size = 0) const;
+  // `ids_per_sample` > 0: the data's mean sparse ids per sample over all tables
+  // (JobData::ids_per_sample), which the oracle's window grows with; otherwise a synthetic
+  // spec's pooling says it, and other data count one id per table. Every rank of a job must
+  // pass the same value (they then decide the same).
+  absl::StatusOr<JobOptions> Resolve(const Schema& schema, int world_size = 0,
+                                     double ids_per_sample = -1) const;
 
   // The options as JSON (summary.json): every field, enums by name.
   nlohmann::json ToJson() const;
@@ -144,6 +149,10 @@ struct JobData {
   // eval_fraction), where known without reading more of it than the job does, else -1
   // (IdentityContext::source_samples).
   int64_t source_samples = -1;
+  // For JobConfig::Resolve's memory check (on every rank): the mean sparse ids per sample over
+  // all tables of one epoch of the whole data where known without a pass of its own (a binary
+  // file's header, the scan of dictionary-encoded text), else -1.
+  double ids_per_sample = -1;
 };
 
 // Wraps a source for display while it is read (e.g. a progress bar) from where it stands; `label`
@@ -163,7 +172,8 @@ absl::StatusOr<JobData> OpenJobData(const JobConfig& config, bool stream,
 
 // OpenJobData for a job whose ranks are spread over `transport` (null: one process, which opens
 // the data as OpenJobData(config, true, ...)). Only rank 0 opens and streams the data: it sends
-// every other rank the schema and the data's description (kTagSchema), or the error that ended
+// every other rank the schema, the data's description, sample counts and ids per sample
+// (kTagSchema), or the error that ended
 // its opening (with its code: a stop there ends every rank as a stop), so that the other ranks
 // need no access to the data and a dictionary-encoded file is scanned once per job, not once
 // per rank. The other ranks wait for that message as long as rank 0 is alive (the transport's

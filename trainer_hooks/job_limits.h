@@ -20,7 +20,7 @@ struct JobShape {
   int num_tables = 1;
   int num_dense = 0;
   // Sparse ids a sample carries over all its tables, where the data say (a synthetic spec's
-  // pooling); 0: one per table.
+  // pooling, a binary file's header, the scan of dictionary-encoded text); 0: one per table.
   double ids_per_sample = 0;
   int trainers = 1;
   int servers = 1;

@@ -165,6 +165,7 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
   std::unique_ptr<BatchStream> train, eval;
   Schema data_schema;
   int64_t source_samples = -1;  // JobData::source_samples (config.data only)
+  double ids_per_sample = -1;   // where the data know it (JobData::ids_per_sample)
   if (iterable) {
     if (!schema.has_value()) {
       RaiseError("ConfigError",
@@ -221,12 +222,13 @@ std::shared_ptr<JobCore> JobCore::Create(const JobConfig& config, py::object dat
     if (!opened.ok()) RaiseError("ConfigError", std::string(opened.status().message()));
     data_schema = opened->schema;
     source_samples = opened->source_samples;
+    ids_per_sample = opened->ids_per_sample;
     core->description_ = opened->description;
     train = std::move(opened->train);
     eval = std::move(opened->eval);
   }
   absl::StatusOr<JobOptions> options =
-      config.Resolve(data_schema, core->mpirun_ ? mpi.transport->size() : 0);
+      config.Resolve(data_schema, core->mpirun_ ? mpi.transport->size() : 0, ids_per_sample);
   if (!options.ok()) RaiseError("ConfigError", std::string(options.status().message()));
   core->options_ = *options;
   // Checkpoints: the loop's own must-match options (the job adds its own), as the data resolve

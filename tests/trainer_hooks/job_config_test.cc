@@ -10,12 +10,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "data/binary_format.h"
 #include "data/synthetic.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sync/roles.h"
 #include "tests/data/data_testing.h"
+#include "trainer_hooks/job_limits.h"
 
 namespace bagpipe {
 namespace {
@@ -381,6 +383,111 @@ TEST(JobConfigTest, OnlyRankZeroOpensTheDataAndTellsTheOthersItsSchema) {
   auto embedded = OpenJobDataOnRankZero(config, nullptr);
   ASSERT_TRUE(embedded.ok()) << embedded.status();
   EXPECT_NE(embedded->train, nullptr);
+}
+
+// A binary file of 2 tables whose every bag holds 20 ids.
+std::string PooledBinary() {
+  const std::string path = TestTempPath("job_config_test", "pooled.bin");
+  auto source = OpenSynthetic("samples=300,rows=50/20,pooling=20,seed=3", {});
+  EXPECT_TRUE(source.ok()) << source.status();
+  if (source.ok()) EXPECT_TRUE(WriteBinary(**source, path).ok());
+  return path;
+}
+
+// The mean ids a sample carries, which the oracle's window grows with, where the data know it
+// without a pass of its own: a binary file's header, the scan of dictionary-encoded text. Under
+// mpirun every rank learns rank 0's value, so that every rank's memory check decides the same.
+TEST(JobConfigTest, TheDataSayHowManyIdsASampleCarries) {
+  JobConfig config;
+  config.data = "bin:" + PooledBinary();
+  config.batch_size = 64;
+  auto data = OpenJobData(config, /*stream=*/true);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->ids_per_sample, 40.0);
+  config.eval_fraction = 0.25;  // the whole file's mean stands for the training part's
+  data = OpenJobData(config, /*stream=*/true);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->ids_per_sample, 40.0);
+  config.eval_fraction = 0;
+
+  // Dictionary-encoded Criteo (scanned): one id a table; hashed Criteo is not scanned.
+  config.data =
+      "criteo:" + std::string(BAGPIPE_SOURCE_DIR) + "/tests/fixtures/criteo_kaggle_sample_100.tsv";
+  data = OpenJobData(config, /*stream=*/true);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->ids_per_sample, 26.0);
+  config.source.row_budget = 1000;
+  data = OpenJobData(config, /*stream=*/true);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->ids_per_sample, -1);
+  config.source.row_budget = 0;
+  // A synthetic spec's pooling is read by Resolve.
+  config.data = "synthetic:samples=100,tables=2,pooling=4";
+  data = OpenJobData(config, /*stream=*/true);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->ids_per_sample, -1);
+
+  // CSV with multi-id bags (1-10 genres a movie), scanned by rank 0 alone.
+  config.data = "csv:" + std::string(BAGPIPE_SOURCE_DIR) + "/tests/fixtures/movielens_small.csv";
+  config.source.schema = "label=rating>3.5; sparse=userId,movieId,split(genres,|)";
+  JobConfig elsewhere = config;
+  elsewhere.data = "csv:/nonexistent/movielens_small.csv";
+  auto opened = OpenOnRanks({config, elsewhere});
+  ASSERT_TRUE(opened[0].ok()) << opened[0].status();
+  ASSERT_TRUE(opened[1].ok()) << opened[1].status();
+  EXPECT_GT(opened[0]->ids_per_sample, 3.0);
+  EXPECT_LT(opened[0]->ids_per_sample, 12.0);
+  EXPECT_EQ(opened[1]->ids_per_sample, opened[0]->ids_per_sample);  // the same double
+}
+
+// A multi-hot binary file's window is estimated at its bags' size: a --lookahead whose window
+// fits at one id a table but not at the file's 40 ids a sample is refused up front with the
+// estimate, instead of running out of memory mid-run. Nothing is allocated for the window.
+TEST(JobConfigTest, AMultiHotBinaryFilesWindowIsEstimatedAtItsBags) {
+  JobConfig config;
+  config.data = "bin:" + PooledBinary();
+  config.batch_size = 1024;
+  auto data = OpenJobData(config, /*stream=*/false);
+  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_EQ(data->ids_per_sample, 40.0);
+
+  // The lookahead just past half of `memory` at 40 ids a sample (the window holds
+  // lookahead + 4 slots).
+  JobShape shape;
+  shape.batch_size = config.batch_size;
+  shape.num_tables = data->schema.num_tables();
+  shape.num_dense = data->schema.num_dense();
+  const auto lookahead_past_half = [&](int64_t memory) {
+    shape.lookahead = 0;
+    shape.ids_per_sample = data->ids_per_sample;
+    const int64_t per_slot = EstimateWindowBytes(shape) / 4;
+    shape.lookahead = static_cast<int>(memory / 2 / per_slot + 1);
+    EXPECT_GT(EstimateWindowBytes(shape), memory / 2);
+    shape.ids_per_sample = 0;  // one id a table
+    EXPECT_LE(EstimateWindowBytes(shape), memory / 2);
+    return shape.lookahead;
+  };
+  // On a machine of 24 GiB.
+  constexpr int64_t kMemory = int64_t{24} << 30;
+  const int lookahead = lookahead_past_half(kMemory);
+  shape.ids_per_sample = data->ids_per_sample;
+  EXPECT_THAT(Message(CheckJobLimits(shape, kMemory)),
+              AllOf(HasSubstr(absl::StrCat("--lookahead ", lookahead)),
+                    HasSubstr("a batch of 1024 samples of 40 ids per window slot")));
+  shape.ids_per_sample = 0;  // an unknown mean: one id a table, as before
+  EXPECT_TRUE(CheckJobLimits(shape, kMemory).ok());
+
+  // Resolve checks against this machine's memory with the data's mean.
+  const int64_t memory = PhysicalMemoryBytes();
+  if (memory <= 0) GTEST_SKIP() << "this machine's memory is unknown";
+  config.lookahead = lookahead_past_half(memory);
+  EXPECT_THAT(Message(config.Resolve(data->schema, 0, data->ids_per_sample).status()),
+              AllOf(HasSubstr(absl::StrCat("--lookahead ", config.lookahead,
+                                           ": the oracle's window would take about")),
+                    HasSubstr("of 40 ids per window slot")));
+  // Unknown (-1, or a caller that does not say): one id a table, which fits.
+  EXPECT_TRUE(config.Resolve(data->schema, 0, -1).ok());
+  EXPECT_TRUE(config.Resolve(data->schema).ok());
 }
 
 TEST(JobConfigTest, RankZerosErrorOpeningTheDataEndsEveryRankWithItsCode) {
