@@ -87,6 +87,8 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
   }
   std::string kept;
   std::optional<int64_t> gap_from;  // the last line kept, when before the checkpoint's iteration
+  std::optional<int64_t> dropped_past;  // the first line dropped past the checkpoint's iteration
+  int64_t dropped_from = 0;             // the first iteration it covers
   if (keep_through_iteration >= 0) {
     // Read back only from a regular file: a FIFO would block and a device never end.
     std::error_code error;
@@ -119,6 +121,16 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
           earlier_iteration = *iteration;
         }
         if (keep) last_kept = std::max(last_kept.value_or(*iteration), *iteration);
+        // The first line past the checkpoint, and the first iteration it covers (a line names
+        // how many it covers in "iterations"): a resume drops it even where it covers some
+        // iterations up to the checkpoint.
+        if (iteration.ok() && *iteration > keep_through_iteration && !dropped_past) {
+          dropped_past = *iteration;
+          const absl::StatusOr<int64_t> covered =
+              record.contains("iterations") ? JsonToInt64(record["iterations"], "iterations")
+                                            : absl::StatusOr<int64_t>(0);
+          dropped_from = covered.ok() && *covered > 0 ? *iteration - *covered + 1 : *iteration;
+        }
       }
       if (keep) kept.append(old, begin, end + 1 - begin);
       begin = end + 1;
@@ -162,13 +174,20 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
   }
   if (gap_from.has_value()) {
     // Not an error: the run that reached the checkpoint wrote those lines to another file (a
-    // second resume into the first run's --out), or was killed before writing them.
+    // second resume into the first run's --out), was killed before writing them, or wrote them
+    // in a line that also covered iterations past the checkpoint.
+    const bool straddled = dropped_past.has_value() && dropped_from <= keep_through_iteration;
     BAGPIPE_LOG(WARNING) << "metrics file '" << Printable(path_) << "' ends at iteration "
                          << *gap_from << ", before the checkpoint's " << keep_through_iteration
                          << ": it has no line for iterations " << *gap_from + 1 << " to "
-                         << keep_through_iteration
-                         << " (the run that trained them wrote them elsewhere, or was stopped "
-                            "before writing them); this run's lines follow from there";
+                         << keep_through_iteration << " ("
+                         << (straddled ? absl::StrCat("its line of iteration ", *dropped_past,
+                                                      " covered iterations ", dropped_from, " to ",
+                                                      *dropped_past,
+                                                      ", past the checkpoint too, and is dropped")
+                                       : "the run that trained them wrote them elsewhere, or was "
+                                         "stopped before writing them")
+                         << "); this run's lines follow from there";
   }
   return absl::OkStatus();
 }

@@ -301,6 +301,17 @@ TEST(MetricsFileTest, ResumeWarnsOfIterationsMissingBeforeTheCheckpoint) {
                                 "for iterations 11 to 16"));
   EXPECT_EQ(ReadAll(path), "{\"iteration\":5,\"loss\":1}\n{\"iteration\":10,\"loss\":2}\n");
 
+  // The line that covered iterations up to the checkpoint went on past it: dropped, and said so.
+  WriteRaw(path, "{\"iteration\":100,\"iterations\":25}\n{\"iteration\":125,\"iterations\":25}\n");
+  auto straddled = JsonLinesWriter::Open(path);
+  ASSERT_TRUE(straddled.ok());
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE((*straddled)->Start(120).ok());
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              HasSubstr("no line for iterations 101 to 120 (its line of iteration 125 covered "
+                        "iterations 101 to 125, past the checkpoint too, and is dropped)"));
+
+  WriteRaw(path, "{\"iteration\":5,\"loss\":1}\n{\"iteration\":10,\"loss\":2}\n");
   auto reaching = JsonLinesWriter::Open(path);
   ASSERT_TRUE(reaching.ok());
   ::testing::internal::CaptureStderr();
