@@ -365,7 +365,7 @@ absl::Status RunTrainRank(const TrainFlags& flags, MpiSession* mpi, MpiTransport
   }
   std::printf("  parameters sha256 %s\n", summary["params_sha256"].get<std::string>().c_str());
   if (recorder->kept_summary()) {
-    std::printf("  %s left as it was (the summary of the run that trained to iteration %lld)\n",
+    std::printf("  %s kept: the summary of the run that trained to iteration %lld\n",
                 flags.summary_json.c_str(),
                 static_cast<long long>(summary["first_iteration"].get<int64_t>()));
   }

@@ -1,8 +1,11 @@
 #include "model/run_report.h"
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "core/json_fields.h"
 #include "core/metrics.h"
 #include "core/status.h"
 #include "model/eval_metrics.h"
@@ -188,15 +191,38 @@ absl::StatusOr<nlohmann::json> RunRecorder::Finish(const JobResult& result, cons
     summary["params"] = (error ? params : absolute.lexically_normal()).string();
   }
   if (!predictions.empty()) summary["eval"] = Evaluate(predictions, labels).ToJson();
+  kept_summary_ = false;
+  if (outputs_.summary_json.empty()) return summary;
   // A resumed job with no iteration left (its checkpoint is at the job's end) has no training
-  // figures: the summary the run that trained to there wrote, where this one would go, stays.
-  std::error_code error;
-  kept_summary_ = !outputs_.summary_json.empty() && outputs_.summary_json != "-" &&
-                  iterations == 0 && result.oracle.checkpoint.first_iteration > 0 &&
-                  std::filesystem::is_regular_file(outputs_.summary_json, error);
-  if (!outputs_.summary_json.empty() && !kept_summary_) {
-    RETURN_IF_ERROR(WriteJsonFile(outputs_.summary_json, summary));
+  // figures: the summary of the run that trained to there, where this one would go, stays (with
+  // this run's parameter dump, if it wrote one). Only that run's: its parameters are these, and
+  // its iterations end at the checkpoint's.
+  const int64_t first = result.oracle.checkpoint.first_iteration;
+  if (outputs_.summary_json != "-" && iterations == 0 && first > 0) {
+    std::ifstream in(outputs_.summary_json, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    nlohmann::json earlier = in ? ParseUntrustedJson(text.str()) : nlohmann::json();
+    auto integer = [&](const char* key) {
+      return earlier.contains(key) && earlier[key].is_number_integer() ? earlier[key].get<int64_t>()
+                                                                       : int64_t{-1};
+    };
+    if (earlier.is_object() && earlier.value("params_sha256", "") == sha &&
+        integer("first_iteration") >= 0 && integer("iterations") > 0 &&
+        integer("first_iteration") + integer("iterations") == first) {
+      kept_summary_ = true;
+      bool changed = false;
+      for (const char* key : {"params", "params_error"}) {
+        if (summary.contains(key) && (!earlier.contains(key) || earlier[key] != summary[key])) {
+          earlier[key] = summary[key];
+          changed = true;
+        }
+      }
+      if (changed) RETURN_IF_ERROR(WriteJsonFile(outputs_.summary_json, earlier));
+      return summary;
+    }
   }
+  RETURN_IF_ERROR(WriteJsonFile(outputs_.summary_json, summary));
   return summary;
 }
 

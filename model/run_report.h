@@ -41,8 +41,9 @@ class RunRecorder {
   // it. `data` describes the data source; `mpirun`: the job ran under mpirun.
   absl::StatusOr<nlohmann::json> Finish(const JobResult& result, const std::string& data,
                                         bool mpirun);
-  // After Finish: the run resumed a checkpoint at the job's end (no iteration trained) and left
-  // the summary.json already where it would write its own (the finished run's) as it was.
+  // After Finish: the run resumed a checkpoint at the job's end (no iteration trained) and kept
+  // the summary.json already where it would write its own, the finished run's (same parameters,
+  // its iterations ending at the checkpoint's), adding only this run's parameter dump.
   bool kept_summary() const { return kept_summary_; }
   // After Finish: why params.bin could not be written (the summary, written all the same, then
   // names no "params" but a "params_error"); OK otherwise. The caller reports the results, then

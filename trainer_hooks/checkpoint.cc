@@ -7,7 +7,6 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -228,6 +227,9 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& checkpoint) {
   if (j.contains("every")) {
     ASSIGN_OR_RETURN(m.every, integer(j, "every", 0, kMax));
   }
+  if (j.contains("source_samples")) {
+    ASSIGN_OR_RETURN(m.source_samples, integer(j, "source_samples", 0, kMax));
+  }
   if (!j.contains("files") || !j["files"].is_array()) return bad("no \"files\" array");
   for (const nlohmann::json& f : j["files"]) {
     absl::StatusOr<std::string> name = JsonString(f, "name");
@@ -245,12 +247,13 @@ absl::Status WriteManifest(const std::string& checkpoint, const CheckpointManife
   for (const CheckpointFile& f : m.files) {
     files.push_back({{"name", f.name}, {"bytes", f.digest.bytes}, {"crc32c", f.digest.crc32c}});
   }
-  const nlohmann::json j = {{"format_version", kCheckpointFormatVersion},
-                            {"iteration", m.iteration},
-                            {"identity", m.identity},
-                            {"stream", StreamJson(m.stream)},
-                            {"every", m.every},
-                            {"files", files}};
+  nlohmann::json j = {{"format_version", kCheckpointFormatVersion},
+                      {"iteration", m.iteration},
+                      {"identity", m.identity},
+                      {"stream", StreamJson(m.stream)},
+                      {"every", m.every},
+                      {"files", files}};
+  if (m.source_samples >= 0) j["source_samples"] = m.source_samples;
   return WriteChecksummedFile((fs::path(checkpoint) / kManifestName).string(),
                               std::string_view(kManifestMagic, 8), kCheckpointFormatVersion,
                               DumpJson(j, 2))
@@ -301,26 +304,28 @@ void ResolveDefaults(const nlohmann::json& defaults, nlohmann::json* checkpoint)
   }
 }
 
-// The samples an identity's --max-samples selects per epoch where that is every sample of the
-// stream: -1 for none and for one at or above the stream's size (its synthetic --data's, else
-// `source_samples`); else the value recorded (a JSON integer), or nullopt for anything else.
-std::optional<int64_t> SelectedSamples(const nlohmann::json& identity, int64_t source_samples) {
-  if (!identity.is_object() || !identity.contains("--max-samples")) return std::nullopt;
+// The samples an epoch of an identity's job trains on: its --max-samples within the stream's
+// size (its synthetic --data's, else `source_samples`, the size its job knew), or -1 where that
+// size is not known (or the identity records no --max-samples as a JSON integer).
+int64_t EpochSamples(const nlohmann::json& identity, int64_t source_samples) {
+  if (!identity.is_object() || !identity.contains("--max-samples")) return -1;
   const nlohmann::json& recorded = identity["--max-samples"];
-  if (!recorded.is_number_integer()) return std::nullopt;
+  if (!recorded.is_number_integer()) return -1;
   const int64_t max_samples = recorded.get<int64_t>();
   int64_t size = source_samples;
   if (identity.contains("--data") && identity["--data"].is_object() &&
       identity["--data"].contains("samples") && identity["--data"]["samples"].is_number_integer()) {
     size = identity["--data"]["samples"].get<int64_t>();
   }
-  return max_samples < 0 || (size >= 0 && max_samples >= size) ? -1 : max_samples;
+  if (size < 0) return -1;
+  return max_samples < 0 ? size : std::min(max_samples, size);
 }
 
 }  // namespace
 
 absl::Status MatchIdentity(const nlohmann::json& checkpoint_given, const nlohmann::json& job_given,
-                           std::string_view checkpoint_view, const IdentityContext& context) {
+                           std::string_view checkpoint_view, const IdentityContext& context,
+                           int64_t checkpoint_source_samples) {
   const std::string checkpoint_path(checkpoint_view);
   // Checkpoints written before the synthetic stream was recorded as parsed hold its spec.
   nlohmann::json checkpoint = checkpoint_given;
@@ -336,18 +341,27 @@ absl::Status MatchIdentity(const nlohmann::json& checkpoint_given, const nlohman
   DropSgdOnlyFields(&checkpoint);
   DropSgdOnlyFields(&job);
   ResolveDefaults(context.defaults, &checkpoint);
-  // A --max-samples that selects the whole stream is no difference from none (a difference is
-  // named with the values as recorded).
-  if (const std::optional<int64_t> theirs = SelectedSamples(checkpoint, context.source_samples);
-      theirs.has_value() && theirs == SelectedSamples(job, context.source_samples)) {
-    checkpoint["--max-samples"] = job["--max-samples"];
+  std::vector<std::string> differences;
+  // Where both jobs' stream sizes are known, --max-samples is compared by the samples an epoch
+  // holds: one at or above the size selects every sample, as none does. Otherwise (an older
+  // checkpoint, text not read to its end) as recorded. A difference is named with the values as
+  // recorded, and with the samples an epoch (the same --max-samples over data of other sizes
+  // differs there only).
+  const int64_t theirs = EpochSamples(checkpoint, checkpoint_source_samples);
+  const int64_t ours = EpochSamples(job, context.source_samples);
+  if (theirs >= 0 && ours >= 0) {
+    if (theirs == ours) {
+      checkpoint["--max-samples"] = job["--max-samples"];
+    } else {
+      differences.push_back(absl::StrFormat(
+          "its job trained on %d samples an epoch and this one would train on %d", theirs, ours));
+    }
   }
   std::vector<std::string> keys;
   for (const auto& [key, value] : checkpoint.items()) keys.push_back(key);
   for (const auto& [key, value] : job.items()) {
     if (!checkpoint.contains(key)) keys.push_back(key);
   }
-  std::vector<std::string> differences;
   auto differ = [&](const std::string& name, const nlohmann::json& theirs,
                     const nlohmann::json& ours) {
     differences.push_back(absl::StrFormat("option %s is %s in the checkpoint and %s here", name,
@@ -423,7 +437,8 @@ absl::Status PrepareCheckpointDir(const std::string& dir, const nlohmann::json& 
           absl::StrCat("--checkpoint-dir ", dir, " holds a checkpoint this job cannot read (",
                        manifest.status().message(), "); use another directory"));
     }
-    absl::Status same = MatchIdentity(manifest->identity, identity, entry.path().string(), context);
+    absl::Status same = MatchIdentity(manifest->identity, identity, entry.path().string(), context,
+                                      manifest->source_samples);
     if (!same.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "--checkpoint-dir ", dir, " holds another job's checkpoints: ", same.message(),
@@ -533,8 +548,8 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
     absl::StatusOr<CheckpointManifest> manifest =
         path.ok() ? ReadManifest(*path) : absl::StatusOr<CheckpointManifest>(path.status());
     if (manifest.ok()) {
-      RETURN_IF_ERROR(
-          MatchIdentity(manifest->identity, options_.identity, *path, options_.identity_context));
+      RETURN_IF_ERROR(MatchIdentity(manifest->identity, options_.identity, *path,
+                                    options_.identity_context, manifest->source_samples));
     }
   }
   // The directory is locked before anything in it is read or written: two jobs started on it
@@ -553,8 +568,8 @@ absl::StatusOr<CheckpointCoordinator::Start> CheckpointCoordinator::Begin(
   if (!options_.resume.empty()) {
     ASSIGN_OR_RETURN(const std::string path, ResolveCheckpoint(options_.resume));
     ASSIGN_OR_RETURN(const CheckpointManifest manifest, ReadManifest(path));
-    RETURN_IF_ERROR(
-        MatchIdentity(manifest.identity, options_.identity, path, options_.identity_context));
+    RETURN_IF_ERROR(MatchIdentity(manifest.identity, options_.identity, path,
+                                  options_.identity_context, manifest.source_samples));
     // The job names a checkpoint by its iteration: another name is a renamed or copied one.
     if (const Iteration named = ParseCheckpointName(fs::path(path).filename().string());
         named >= 0 && named != manifest.iteration) {
@@ -721,6 +736,7 @@ absl::StatusOr<std::string> CheckpointCoordinator::Write(Iteration iteration,
   manifest.identity = options_.identity;
   manifest.stream = stream;
   manifest.every = options_.every;
+  manifest.source_samples = options_.identity_context.source_samples;
   {
     ASSIGN_OR_RETURN(Message message,
                      transport_.Receive(layout_.trainer_rank(0), kTagCheckpoint, timeout_));

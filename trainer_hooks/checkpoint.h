@@ -78,9 +78,10 @@ inline constexpr uint32_t kCheckpointFormatVersion = 1;
 struct IdentityContext {
   // Samples in one epoch of the job's whole training source, before --max-samples, where known
   // without reading more than the job does (a binary file's header, a synthetic spec, a text
-  // file the table-size scan read to its end), else -1. A --max-samples at or above it selects
-  // every sample, as none does, and matches none. (A synthetic `--data` in the identity gives
-  // its own size.)
+  // file the table-size scan read to its end), else -1. Its checkpoints record it; where a
+  // checkpoint's is known too, --max-samples is compared by the samples an epoch holds (one at
+  // or above the size selects every sample, as none does), and streams of other sizes under the
+  // same --max-samples differ. (A synthetic `--data` in the identity gives its own size.)
   int64_t source_samples = -1;
   // Options that checkpoints recorded as given, "" for the default, where this job records the
   // value the default resolves to: that value, at the same place in the identity (e.g.
@@ -133,6 +134,10 @@ struct CheckpointManifest {
   nlohmann::json identity = nlohmann::json::object();
   StreamPosition stream;
   int64_t every = 0;  // the --checkpoint-every of the job that wrote it
+  // The samples of one epoch of its job's whole training source, before --max-samples, where
+  // that job knew it (IdentityContext::source_samples), else -1 (also: written before it was
+  // recorded).
+  int64_t source_samples = -1;
   // false: written before manifests recorded StreamPosition::batches_crc32c (a resume then
   // checks the last batch only).
   bool chained = true;
@@ -164,9 +169,12 @@ absl::Status WriteManifest(const std::string& checkpoint, const CheckpointManife
 
 // The options a resumed job must share with the checkpoint: checks every key of either; the
 // error names every option that differs with both values. `context` says which values written
-// otherwise are the same (a whole stream's --max-samples, a default recorded as "").
+// otherwise are the same (a default recorded as "", a --max-samples selecting as many samples an
+// epoch: with `checkpoint_source_samples`, CheckpointManifest::source_samples, and the job's
+// IdentityContext::source_samples both known, or a synthetic --data's size).
 absl::Status MatchIdentity(const nlohmann::json& checkpoint, const nlohmann::json& job,
-                           std::string_view checkpoint_path, const IdentityContext& context = {});
+                           std::string_view checkpoint_path, const IdentityContext& context = {},
+                           int64_t checkpoint_source_samples = -1);
 // The identity of a `synthetic[:k=v,...]` stream: its parsed configuration (samples, rows,
 // alpha, pooling, dense, drift, seed), so that specs naming the same stream in another key order
 // or spelling (tables=N against rows=...) match, and a difference is named by its field. A spec

@@ -426,10 +426,9 @@ py::object JobCore::Finish(const std::string& summary_json, const std::string& d
   absl::StatusOr<nlohmann::json> summary = recorder->Finish(result, description_, mpirun_);
   if (!summary.ok()) RaiseError("JobError", std::string(summary.status().message()));
   if (recorder->kept_summary()) {
-    BAGPIPE_LOG(WARNING) << summary_json
-                         << " left as it was (the summary of the run that trained to iteration "
-                         << (*summary)["first_iteration"].get<int64_t>()
-                         << "): this resumed job had no iteration left to train";
+    BAGPIPE_LOG(WARNING) << summary_json << " kept: the summary of the run that trained to "
+                         << "iteration " << (*summary)["first_iteration"].get<int64_t>()
+                         << " (this resumed job had no iteration left to train)";
   }
   // A failed parameter dump: the summary (written if asked) holds "params_error", and Job.finish
   // raises JobError with the summary attached, so that the results are not lost with the file.

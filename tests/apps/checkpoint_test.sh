@@ -253,7 +253,7 @@ finished="$WORK/run_oracle_T2"
 before=$(snapshot "$finished")
 if train at_iterations_own_out "${T2[@]}" --iterations $N --cache oracle --resume "$good" \
   --out "$finished" &&
-  grep -q "summary.json left as it was (the summary of the run that trained to iteration $N)" \
+  grep -q "summary.json kept: the summary of the run that trained to iteration $N" \
     "$WORK/at_iterations_own_out.log" &&
   [[ "$before" == "$(snapshot "$finished")" ]] &&
   [[ "$(field "$finished/summary.json" iterations)" == $((N - K)) ]]; then
@@ -305,6 +305,26 @@ elif ! bin_train bin_same --iterations 8 --bottom 13-64-8 --resume "$WORK/bin_ck
   fail "bin_same: $(tail -1 "$WORK/bin_same.log")"
 else
   echo "ok   same job: --max-samples 30000 of 30000 and --bottom 13-64-8 resume a run without"
+fi
+# A file of fewer samples whose first batches are the same (the first 29000 of the stream): the
+# job that wrote the newest checkpoint (bin_same, no --max-samples) read 30000 an epoch, so
+# neither the same options nor a --max-samples at its size continue it.
+"$BAGPIPE" convert --data "$SYN" --max-samples 29000 --out "$WORK/syn_short.bin" \
+  >"$WORK/convert_short.log" 2>&1 || fail "convert: $(tail -1 "$WORK/convert_short.log")"
+short_train() {  # short_train NAME ARGS...
+  local name=$1
+  shift
+  "$BAGPIPE" train --data "bin:$WORK/syn_short.bin" "${B[@]}" --trainers 1 --cache oracle \
+    --cache-rows 1500 --optimizer adagrad --deterministic --quiet --iterations 8 \
+    --resume "$WORK/bin_ck" "$@" >"$WORK/$name.log" 2>&1
+}
+shorter="its job trained on 30000 samples an epoch and this one would train on 29000"
+if short_train bin_short || ! grep -q "$shorter" "$WORK/bin_short.log"; then
+  fail "bin_short: $(tail -1 "$WORK/bin_short.log")"
+elif short_train bin_short_n --max-samples 30000 || ! grep -q "$shorter" "$WORK/bin_short_n.log"; then
+  fail "bin_short_n: $(tail -1 "$WORK/bin_short_n.log")"
+else
+  echo "ok   a shorter file with the same first batches does not continue the job"
 fi
 
 # The data before the checkpoint: a change in any batch is refused (here one label of the first

@@ -6,8 +6,10 @@ checkpoint's files exist. A resume whose loop registers no state, or whose loop 
 is refused with a clear error, and so are saving and restoring a diverged (non-finite) head."""
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -15,6 +17,7 @@ import pytest
 import torch
 
 import bagpipe
+from conftest import BAGPIPE_BINARY
 
 DATA = "synthetic:samples=40000,tables=4,scale=0.0005,seed=7"
 ITERATIONS = 30
@@ -134,9 +137,14 @@ def test_resuming_a_finished_job_keeps_its_summary(tmp_path):
     assert results == [(0, 8)]
     assert again["iterations"] == 0 and again["first_iteration"] == 8
     assert summary.read_bytes() == before
-    # Elsewhere, the resumed job's own summary is written.
+    # Elsewhere, the resumed job's own summary is written; over another run's summary too.
     run(make_config("oracle", 1, iterations=8, resume=str(checkpoints)), tmp_path, "elsewhere")
     assert (tmp_path / "elsewhere" / "summary.json").exists()
+    foreign = tmp_path / "foreign" / "summary.json"
+    foreign.parent.mkdir()
+    foreign.write_text(before.decode().replace(first["params_sha256"], "0" * 64))
+    run(make_config("oracle", 1, iterations=8, resume=str(checkpoints)), tmp_path, "foreign")
+    assert json.loads(foreign.read_text())["iterations"] == 0
 
 
 def test_a_resume_keeps_checkpoint_every_when_set_zero_included(tmp_path):
@@ -312,6 +320,29 @@ def test_a_max_samples_that_selects_every_sample_is_no_other_job(tmp_path):
                                             "39999 here"):
         run(make_config("oracle", 1, resume=str(checkpoints), max_samples=39999), tmp_path,
             "fewer-resumed")
+
+
+def test_a_binary_files_size_decides_what_its_max_samples_selects(tmp_path):
+    # A bin: file's header gives its size (DATA's 40000 samples); the checkpoint records it. The
+    # first 30000 of the same samples in a shorter file is not the same job.
+    def convert(name, *options):
+        path = tmp_path / name
+        subprocess.run([BAGPIPE_BINARY, "convert", "--data", DATA, "--out", str(path), "--quiet",
+                        *options], check=True, capture_output=True)
+        return f"bin:{path}"
+
+    whole, short = convert("whole.bin"), convert("short.bin", "--max-samples", "30000")
+    checkpoints = tmp_path / "ckpt"
+    run_stopped(make_config("oracle", 1, data=whole, checkpoint_dir=str(checkpoints),
+                            max_samples=40000), stop_at=2)
+    _, [(steps, first_iteration)] = run(
+        make_config("oracle", 1, data=whole, resume=str(checkpoints)), tmp_path, "resumed")
+    assert first_iteration > 0 and first_iteration + steps == ITERATIONS
+    for max_samples in (-1, 40000):
+        with pytest.raises(bagpipe.Error, match="its job trained on 40000 samples an epoch and "
+                                                "this one would train on 30000"):
+            run(make_config("oracle", 1, data=short, resume=str(checkpoints),
+                            max_samples=max_samples), tmp_path, "short")
 
 
 def test_a_loop_identity_resolved_against_the_data_and_its_older_defaults(tmp_path):

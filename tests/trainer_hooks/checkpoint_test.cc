@@ -177,7 +177,8 @@ TEST(CheckpointIdentityTest, AMaxSamplesThatSelectsTheWholeStreamMatchesNone) {
   EXPECT_THAT(std::string(MatchIdentity(all, bigger, "ck").message()),
               HasSubstr("option --data: samples is 100 in the checkpoint and 200 here"));
 
-  // A file's size is the job's to say (a binary file's header); unknown, N is not none.
+  // A file's size is what each job knew of it (a binary file's header: the checkpoint records
+  // its job's); either unknown, N is not none.
   nlohmann::json file_none = kIdentity;
   file_none["--max-samples"] = -1;
   nlohmann::json file_all = kIdentity;
@@ -186,11 +187,32 @@ TEST(CheckpointIdentityTest, AMaxSamplesThatSelectsTheWholeStreamMatchesNone) {
               HasSubstr("option --max-samples is 5000 in the checkpoint and -1 here"));
   IdentityContext context;
   context.source_samples = 5000;
-  EXPECT_TRUE(MatchIdentity(file_all, file_none, "ck", context).ok());
-  EXPECT_TRUE(MatchIdentity(file_none, file_all, "ck", context).ok());
-  context.source_samples = 5001;
+  EXPECT_TRUE(MatchIdentity(file_all, file_none, "ck", context, 5000).ok());
+  EXPECT_TRUE(MatchIdentity(file_none, file_all, "ck", context, 5000).ok());
+  // A checkpoint without its job's size (an older one) compares N as recorded.
   EXPECT_THAT(std::string(MatchIdentity(file_all, file_none, "ck", context).message()),
               HasSubstr("option --max-samples is 5000 in the checkpoint and -1 here"));
+  // Data of another size: N is not none, and the same N over them is another stream (the
+  // checkpoint's job trained on 2800 of 3000 samples an epoch; this file holds 2500).
+  context.source_samples = 5001;
+  EXPECT_THAT(std::string(MatchIdentity(file_all, file_none, "ck", context, 5000).message()),
+              HasSubstr("option --max-samples is 5000 in the checkpoint and -1 here"));
+  nlohmann::json file_2800 = kIdentity;
+  file_2800["--max-samples"] = 2800;
+  context.source_samples = 2500;
+  const std::string other_data =
+      std::string(MatchIdentity(file_2800, file_none, "ck", context, 3000).message());
+  EXPECT_THAT(other_data, HasSubstr("option --max-samples is 2800 in the checkpoint and -1 here"));
+  EXPECT_THAT(
+      other_data,
+      HasSubstr("its job trained on 2800 samples an epoch and this one would train on 2500"));
+  EXPECT_THAT(
+      std::string(MatchIdentity(file_2800, file_2800, "ck", context, 3000).message()),
+      HasSubstr("its job trained on 2800 samples an epoch and this one would train on 2500"));
+  // The same samples an epoch under other words: 2500 of 2500 against none of 2500.
+  nlohmann::json file_2500 = kIdentity;
+  file_2500["--max-samples"] = 2500;
+  EXPECT_TRUE(MatchIdentity(file_2500, file_none, "ck", context, 2500).ok());
 }
 
 // A checkpoint that recorded an option as given ("" for its default) against a job that records
@@ -313,8 +335,14 @@ TEST(CheckpointFilesTest, ManifestRoundTripAndVersionRefusal) {
   EXPECT_EQ(back->identity, kIdentity);
   EXPECT_EQ(back->stream, m.stream);
   EXPECT_EQ(back->every, 7);
+  EXPECT_EQ(back->source_samples, -1);  // its job did not know its data's size
   ASSERT_NE(back->Find("server-0-of-1.bin"), nullptr);
   EXPECT_EQ(back->Find("server-0-of-1.bin")->digest, (FileDigest{2000, 6}));
+  m.source_samples = 3000;
+  ASSERT_TRUE(WriteManifest(dir.path(), m).ok());
+  back = ReadManifest(dir.path());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->source_samples, 3000);
   // A manifest of another format version (valid checksum) is refused by version.
   ASSERT_TRUE(
       WriteChecksummedFile(dir / "MANIFEST", "BPCKMANI", kCheckpointFormatVersion + 1, "{}").ok());
