@@ -171,6 +171,9 @@ class ProgressSource final : public SampleSource {
   absl::Status Rewind() override { return source_->Rewind(); }
   SourceStats stats() const override { return source_->stats(); }
   int64_t SamplesPerEpoch() const override { return source_->SamplesPerEpoch(); }
+  int64_t SamplesPerEpochWithoutLimit() const override {
+    return source_->SamplesPerEpochWithoutLimit();
+  }
   double IdsPerSample() const override { return source_->IdsPerSample(); }
   std::string Describe() const override { return source_->Describe(); }
 
