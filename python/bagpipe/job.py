@@ -1045,8 +1045,17 @@ class _InterruptWatch:
     # exists (what a forked child closes: _forget_jobs_in_child).
     _sockets = []
 
+    # A byte no signal is numbered (signals are below NSIG): written when a job joins a running
+    # watch, it separates the signals delivered before the job from those after (_run).
+    _JOINED = 0xFF
+
     def __init__(self):
         self._jobs = weakref.WeakSet()
+        # Each job's place among the _JOINED markers: it hears the signals read after its marker
+        # (a watch left running by a job closed on another thread may hold a signal from before
+        # the next job, e.g. the Ctrl-C the replaced handler acted on, not yet read).
+        self._joined = weakref.WeakKeyDictionary()
+        self._markers_sent = 0
         self._reader, self._writer = socket.socketpair()
         self._writer.setblocking(False)
         listed = [self._reader, self._writer, None]
@@ -1076,7 +1085,18 @@ class _InterruptWatch:
                     cls._current = cls()
                 except (ValueError, OSError):  # no signals here (e.g. a subinterpreter)
                     return False
-            cls._current._jobs.add(job)
+            elif len(cls._current._jobs) == 0:
+                # Idle (its last job closed on another thread): signals it has not read yet are
+                # not this job's.
+                watch = cls._current
+                try:
+                    watch._writer.send(bytes([cls._JOINED]))
+                    watch._markers_sent += 1
+                except OSError:  # a full socket: the job hears what is queued too
+                    pass
+            watch = cls._current
+            watch._joined[job] = watch._markers_sent
+            watch._jobs.add(job)
         return True
 
     @classmethod
@@ -1110,6 +1130,7 @@ class _InterruptWatch:
         watch._reader.close()
 
     def _run(self):
+        markers_read = 0
         while True:
             try:
                 received = self._reader.recv(64)
@@ -1120,21 +1141,27 @@ class _InterruptWatch:
             end = received.find(b"\0")  # unwatch's end (no signal is numbered 0)
             if end >= 0:
                 received = received[:end]
-            if self._previous >= 0 and received:
+            signals = received.replace(bytes([self._JOINED]), b"")
+            if self._previous >= 0 and signals:
                 try:
-                    os.write(self._previous, received)  # the previous listener gets them too
+                    os.write(self._previous, signals)  # the previous listener gets them too
                 except OSError:
                     pass
             with self._lock:
-                jobs = list(self._jobs)
+                jobs = [(job, self._joined.get(job, 0)) for job in self._jobs]
             # One byte per signal delivered, in order: two signals read in one go are two (the
-            # second one aborts a job the first one stops).
-            for signum in received:
-                if signum not in _STOP_SIGNALS:
+            # second one aborts a job the first one stops). A job hears those after its marker.
+            for byte in received:
+                if byte == self._JOINED:
+                    markers_read += 1
                     continue
-                for job in jobs:
+                if byte not in _STOP_SIGNALS:
+                    continue
+                for job, joined in jobs:
+                    if joined > markers_read:
+                        continue
                     try:
-                        job._on_signal(signum)
+                        job._on_signal(byte)
                     except Exception:  # e.g. closed meanwhile: the other jobs still hear it
                         pass
             del jobs

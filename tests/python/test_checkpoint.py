@@ -227,6 +227,31 @@ def test_stop_handlers_come_back_whatever_order_or_thread_the_jobs_close_in(tmp_
     assert {s: signal.getsignal(s) for s in signals} == before
 
 
+def test_a_signal_from_before_a_job_does_not_stop_it(tmp_path):
+    # A job closed on another thread leaves the interrupt watch running; a Ctrl-C delivered then
+    # and read by the watch only once the next job exists is not that job's (it stopped the
+    # next job at its first boundaries, a test sending SIGTERM at iteration 3 never got there).
+    # A signal after the job joined is its own.
+    bagpipe.job._StopHandlers.settle()
+    first = bagpipe.Job(make_config("oracle", 1, checkpoint_dir=str(tmp_path / "a")))
+    closer = threading.Thread(target=first.close)
+    closer.start()
+    closer.join()
+    watch = bagpipe.job._InterruptWatch._current
+    assert watch is not None and len(watch._jobs) == 0
+    with bagpipe.job._InterruptWatch._lock:  # the watch reads the byte, then waits for the lock
+        watch._writer.send(bytes([signal.SIGINT]))  # what the handler's wakeup write does
+        time.sleep(0.3)
+        later = bagpipe.Job(make_config("oracle", 1, checkpoint_dir=str(tmp_path / "b")))
+    assert bagpipe.job._InterruptWatch._current is watch
+    watch._writer.send(bytes([signal.SIGTERM]))
+    with later:
+        later.run_trainers(train, later)
+        with pytest.raises(bagpipe.Stopped, match="stopped by SIGTERM"):
+            later.finish()
+    bagpipe.job._StopHandlers.settle()
+
+
 def test_two_stop_signals_at_once_abort(tmp_path):
     # Both bytes may reach the interrupt watch in one read: they still count as two.
     def loop(trainer):
