@@ -145,6 +145,11 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
           "--metrics-out), a new one, or remove the file"));
     }
     if (last_kept.has_value() && *last_kept < keep_through_iteration) gap_from = *last_kept;
+    // No line kept, but a dropped one covered iterations up to the checkpoint: those are lost.
+    if (!last_kept.has_value() && dropped_past.has_value() &&
+        dropped_from <= keep_through_iteration) {
+      gap_from = dropped_from - 1;
+    }
   }
   RETURN_IF_ERROR(Annotate(WriteFileAtomically(path_, kept), "metrics file"));
   if (keep_through_iteration < 0) {
@@ -177,8 +182,10 @@ absl::Status JsonLinesWriter::StartLocked(int64_t keep_through_iteration,
     // second resume into the first run's --out), was killed before writing them, or wrote them
     // in a line that also covered iterations past the checkpoint.
     const bool straddled = dropped_past.has_value() && dropped_from <= keep_through_iteration;
-    BAGPIPE_LOG(WARNING) << "metrics file '" << Printable(path_) << "' ends at iteration "
-                         << *gap_from << ", before the checkpoint's " << keep_through_iteration
+    BAGPIPE_LOG(WARNING) << "metrics file '" << Printable(path_) << "' "
+                         << (kept.empty() ? std::string("keeps no line")
+                                          : absl::StrCat("ends at iteration ", *gap_from))
+                         << ", before the checkpoint's " << keep_through_iteration
                          << ": it has no line for iterations " << *gap_from + 1 << " to "
                          << keep_through_iteration << " ("
                          << (straddled ? absl::StrCat("its line of iteration ", *dropped_past,

@@ -198,23 +198,39 @@ absl::StatusOr<nlohmann::json> RunRecorder::Finish(const JobResult& result, cons
   // this run's parameter dump, if it wrote one). Only that run's: its parameters are these, and
   // its iterations end at the checkpoint's.
   const int64_t first = result.oracle.checkpoint.first_iteration;
-  if (outputs_.summary_json != "-" && iterations == 0 && first > 0) {
+  std::error_code error;
+  // Read only from a regular file (a FIFO would block the job here; WriteJsonFile refuses it).
+  if (outputs_.summary_json != "-" && iterations == 0 && first > 0 &&
+      std::filesystem::is_regular_file(
+          std::filesystem::symlink_status(outputs_.summary_json, error))) {
     std::ifstream in(outputs_.summary_json, std::ios::binary);
     std::stringstream text;
     text << in.rdbuf();
     nlohmann::json earlier = in ? ParseUntrustedJson(text.str()) : nlohmann::json();
-    auto integer = [&](const char* key) {
-      return earlier.contains(key) && earlier[key].is_number_integer() ? earlier[key].get<int64_t>()
-                                                                       : int64_t{-1};
+    // -1 unless a non-negative JSON integer below 2^62 (their sum cannot overflow).
+    auto count = [&](const char* key) {
+      if (!earlier.contains(key) || !earlier[key].is_number_integer()) return int64_t{-1};
+      const absl::StatusOr<int64_t> value = JsonToInt64(earlier[key], key);
+      return value.ok() && *value >= 0 && *value < (int64_t{1} << 62) ? *value : int64_t{-1};
     };
-    if (earlier.is_object() && earlier.value("params_sha256", "") == sha &&
-        integer("first_iteration") >= 0 && integer("iterations") > 0 &&
-        integer("first_iteration") + integer("iterations") == first) {
+    if (earlier.is_object() && earlier.contains("params_sha256") &&
+        earlier["params_sha256"].is_string() && earlier["params_sha256"] == sha &&
+        count("first_iteration") >= 0 && count("iterations") > 0 &&
+        count("first_iteration") + count("iterations") == first) {
       kept_summary_ = true;
+      // This run's parameter dump, if it wrote one (or why it failed), replaces the finished
+      // run's entry.
       bool changed = false;
+      const bool dumped = !outputs_.dump_params.empty() || summary.contains("params_error");
       for (const char* key : {"params", "params_error"}) {
-        if (summary.contains(key) && (!earlier.contains(key) || earlier[key] != summary[key])) {
-          earlier[key] = summary[key];
+        if (dumped &&
+            (summary.contains(key) ? !earlier.contains(key) || earlier[key] != summary[key]
+                                   : earlier.contains(key))) {
+          if (summary.contains(key)) {
+            earlier[key] = summary[key];
+          } else {
+            earlier.erase(key);
+          }
           changed = true;
         }
       }

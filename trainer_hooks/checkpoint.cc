@@ -357,6 +357,10 @@ absl::Status MatchIdentity(const nlohmann::json& checkpoint_given, const nlohman
           "its job trained on %d samples an epoch and this one would train on %d", theirs, ours));
     }
   }
+  // Said after the options: a --max-samples that may select the same samples in other words.
+  const bool size_unrecorded = theirs < 0 && ours >= 0 && checkpoint.contains("--max-samples") &&
+                               job.contains("--max-samples") &&
+                               checkpoint["--max-samples"] != job["--max-samples"];
   std::vector<std::string> keys;
   for (const auto& [key, value] : checkpoint.items()) keys.push_back(key);
   for (const auto& [key, value] : job.items()) {
@@ -388,6 +392,12 @@ absl::Status MatchIdentity(const nlohmann::json& checkpoint_given, const nlohman
     }
   }
   if (differences.empty()) return absl::OkStatus();
+  if (size_unrecorded) {
+    differences.push_back(
+        "the checkpoint does not record how many samples its job's data held (written by an "
+        "older build, or text whose scan stopped at --max-samples): give --max-samples as it "
+        "recorded");
+  }
   // A damaged or foreign manifest may differ in any number of keys: name the first ones, up to a
   // total length.
   constexpr size_t kShownBytes = 600;

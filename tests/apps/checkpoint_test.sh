@@ -261,6 +261,16 @@ if train at_iterations_own_out "${T2[@]}" --iterations $N --cache oracle --resum
 else
   fail "at_iterations_own_out: $(tail -3 "$WORK/at_iterations_own_out.log")"
 fi
+# A FIFO where the summary would go is not read (that would wait for a writer forever).
+mkfifo "$WORK/summary.fifo"
+timeout 120 "$BAGPIPE" train "${COMMON[@]}" "${T2[@]}" --iterations $N --cache oracle \
+  --resume "$good" --summary-json "$WORK/summary.fifo" >"$WORK/at_iterations_fifo.log" 2>&1
+rc=$?
+if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "FIFO" "$WORK/at_iterations_fifo.log"; then
+  echo "ok   at_iterations_fifo (exit $rc: $(grep -m1 FIFO "$WORK/at_iterations_fifo.log" | cut -c1-120))"
+else
+  fail "at_iterations_fifo: exit $rc: $(tail -2 "$WORK/at_iterations_fifo.log")"
+fi
 
 # A resume from an older checkpoint into a directory holding newer ones (another run's) is
 # refused before the stream is read: the runs' checkpoints would mix.

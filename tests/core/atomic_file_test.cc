@@ -311,6 +311,16 @@ TEST(MetricsFileTest, ResumeWarnsOfIterationsMissingBeforeTheCheckpoint) {
               HasSubstr("no line for iterations 101 to 120 (its line of iteration 125 covered "
                         "iterations 101 to 125, past the checkpoint too, and is dropped)"));
 
+  // Also when no line comes before it.
+  WriteRaw(path, "{\"iteration\":10,\"iterations\":10}\n");
+  auto only = JsonLinesWriter::Open(path);
+  ASSERT_TRUE(only.ok());
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE((*only)->Start(5).ok());
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              HasSubstr("keeps no line, before the checkpoint's 5: it has no line for iterations "
+                        "1 to 5 (its line of iteration 10 covered iterations 1 to 10"));
+
   WriteRaw(path, "{\"iteration\":5,\"loss\":1}\n{\"iteration\":10,\"loss\":2}\n");
   auto reaching = JsonLinesWriter::Open(path);
   ASSERT_TRUE(reaching.ok());

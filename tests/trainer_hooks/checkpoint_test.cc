@@ -189,9 +189,12 @@ TEST(CheckpointIdentityTest, AMaxSamplesThatSelectsTheWholeStreamMatchesNone) {
   context.source_samples = 5000;
   EXPECT_TRUE(MatchIdentity(file_all, file_none, "ck", context, 5000).ok());
   EXPECT_TRUE(MatchIdentity(file_none, file_all, "ck", context, 5000).ok());
-  // A checkpoint without its job's size (an older one) compares N as recorded.
-  EXPECT_THAT(std::string(MatchIdentity(file_all, file_none, "ck", context).message()),
-              HasSubstr("option --max-samples is 5000 in the checkpoint and -1 here"));
+  // A checkpoint without its job's size (an older one) compares N as recorded, and says why.
+  const std::string unrecorded =
+      std::string(MatchIdentity(file_all, file_none, "ck", context).message());
+  EXPECT_THAT(unrecorded, HasSubstr("option --max-samples is 5000 in the checkpoint and -1 here"));
+  EXPECT_THAT(unrecorded, HasSubstr("the checkpoint does not record how many samples its job's "
+                                    "data held"));
   // Data of another size: N is not none, and the same N over them is another stream (the
   // checkpoint's job trained on 2800 of 3000 samples an epoch; this file holds 2500).
   context.source_samples = 5001;
